@@ -1,0 +1,70 @@
+"""Commands for run genesis files: create and show."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from cli.common import HomeOption, console, open_home
+from node.run import create_genesis, describe, load_genesis, parse_params, write_genesis
+from swarm.errors import ConfigError
+
+run_app = typer.Typer(help="Run genesis files: create (as the run owner) and show.", no_args_is_help=True)
+
+
+@run_app.command("create")
+def run_create(
+    name: Annotated[str, typer.Option("--name", help="A human name for the run.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the genesis.")],
+    trainer: Annotated[
+        list[str], typer.Option("--trainer", help="Peer ID allowed to publish policies (repeat).")
+    ],
+    validator: Annotated[
+        list[str], typer.Option("--validator", help="Peer ID allowed to judge work (repeat).")
+    ],
+    param: Annotated[
+        list[str] | None, typer.Option("--param", help="Run parameter key=value (repeat).")
+    ] = None,
+    task_seed: Annotated[int, typer.Option("--task-seed", help="Seed of the task suite.")] = 0,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")] = False,
+    home: HomeOption = None,
+) -> None:
+    """Sign a run genesis with this node's key (this node becomes the run owner)."""
+    params = parse_params(param or [])
+    if output.exists() and not force:
+        raise ConfigError(f"{output} exists; pass --force to overwrite it or choose another -o")
+    owner = open_home(home).load_key()
+    genesis = create_genesis(
+        owner, name=name, trainers=trainer, validators=validator, params=params, task_seed=task_seed
+    )
+    write_genesis(genesis, output)
+    console.print(f"run {describe(genesis)['run_id']} written to {output}", highlight=False)
+
+
+@run_app.command("show")
+def run_show(
+    path: Annotated[Path, typer.Argument(help="A genesis file.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Verify a genesis file and print its run id, owner, roles and parameters."""
+    view = describe(load_genesis(path))
+    if as_json:
+        typer.echo(json.dumps(view, indent=2))
+        return
+    table = Table(show_header=False, box=None)
+    for key, value in view.items():
+        if isinstance(value, list):
+            value = "\n".join(value) or "-"
+        elif isinstance(value, dict):
+            value = "\n".join(f"{k} = {v}" for k, v in sorted(value.items()))
+        table.add_row(f"[bold]{key}[/]", str(value))
+    console.print("[green]signature verified[/]")
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(run_app, name="run")

@@ -1,0 +1,179 @@
+"""The run genesis: who may publish policies, who may judge work, and the rules of the run.
+
+``run_id`` is the first 16 bytes of the genesis envelope's id, as 32 lowercase hex characters.
+Every DHT key, gossip topic and stream protocol of the run is namespaced by it.
+
+Parameters travel as a map of ints, bools and strings (signed payloads hold no floats); real
+numbers are decimal strings that ``RunParams`` parses and checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self
+
+from swarm.errors import ConfigError, MalformedError
+from swarm.identity import public_from_peer_id
+from swarm.messages._base import Fields, Signed, typed
+
+
+def run_id_of(genesis: Signed[RunGenesis]) -> str:
+    return genesis.id[:16].hex()
+
+
+@dataclass(frozen=True, slots=True)
+class RunParams:
+    """The run's parameters with their defaults (the design's recipe)."""
+
+    async_level: int = 2
+    group_size: int = 16
+    temperature: float = 1.0
+    max_tokens: int = 32
+    learning_rate: float = 1e-4
+    batch_prompts: int = 8
+    max_grad_norm: float = 0.1
+    clip_epsilon: float = 0.2
+    clip_delta: float = 4.0
+    entropy_coef: float = 0.001
+    kl_coef: float = 0.0
+    length_penalty: float = 0.0
+    shard_size: int = 32 * 1024 * 1024
+    toploc_max_exp_mismatches: int = 38
+    toploc_max_mant_mean: float = 10.0
+    toploc_max_mant_median: float = 8.0
+    initial_balance: int = 100
+    ban_threshold: int = 0
+    slash_amount: int = 1000
+    credit_per_sample: int = 1
+
+    # Keys this version does not know are kept (and re-signed unchanged) but not interpreted.
+    extra: Mapping[str, int | str | bool] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra":
+                continue
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"run parameter {f.name} must be finite, got {value}")
+            if isinstance(value, (int, float)) and value < 0:
+                raise ConfigError(f"run parameter {f.name} must not be negative, got {value}")
+        if self.group_size < 2:
+            raise ConfigError("run parameter group_size must be at least 2 (GRPO compares a group)")
+        if self.max_tokens < 1 or self.shard_size < 1:
+            raise ConfigError("run parameters max_tokens and shard_size must be positive")
+
+    def to_wire(self) -> dict[str, int | str | bool]:
+        out: dict[str, int | str | bool] = dict(self.extra)
+        for f in dataclasses.fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            out[f.name] = repr(float(value)) if isinstance(value, float) else value
+        return out
+
+    @classmethod
+    def from_map(cls, values: Mapping[str, Any], *, strings: bool = False) -> Self:
+        """Parse a parameter map. ``strings=True`` accepts every value as text (CLI ``k=v``)."""
+        known = {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
+        kwargs: dict[str, Any] = {}
+        extra: dict[str, int | str | bool] = {}
+        for key, value in values.items():
+            if key not in known:
+                if not isinstance(value, (int, str, bool)):
+                    raise MalformedError(f"run parameter {key!r} has unsupported type")
+                extra[key] = value
+                continue
+            kwargs[key] = _parse_param(key, known[key].type, value, strings=strings)
+        return cls(**kwargs, extra=extra)
+
+
+def _parse_param(key: str, annotation: Any, value: Any, *, strings: bool) -> Any:
+    wanted = str(annotation)
+    try:
+        if wanted == "float":
+            if isinstance(value, bool) or not isinstance(value, (str, int)):
+                raise TypeError
+            return float(value)
+        if wanted == "int":
+            if strings and isinstance(value, str):
+                return int(value)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError
+            return value
+    except (TypeError, ValueError) as exc:
+        raise MalformedError(f"run parameter {key}={value!r} is not a valid {wanted}") from exc
+    raise MalformedError(f"run parameter {key} has unsupported type {wanted}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Which model the run trains: a name, its architecture config, and policy v0's manifest."""
+
+    name: str
+    config: Mapping[str, Any] = field(default_factory=dict)
+    manifest_id: bytes = b""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.name, "config": dict(self.config), "manifest_id": self.manifest_id}
+
+    @classmethod
+    def from_wire(cls, f: Fields) -> Self:
+        return cls(
+            name=f.text("name"),
+            config=f.plain_map("config", {}),
+            manifest_id=f.blob("manifest_id", b""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunGenesis:
+    """Signed by the run owner. Names the trainers and validators by peer ID."""
+
+    KIND: ClassVar[str] = "run-genesis"
+    MAX_BYTES: ClassVar[int] = 64 * 1024
+
+    name: str
+    created_at: int
+    model: ModelSpec
+    task_suite: str
+    task_seed: int
+    trainers: tuple[str, ...]
+    validators: tuple[str, ...]
+    params: RunParams = field(default_factory=RunParams)
+
+    def __post_init__(self) -> None:
+        for peer in (*self.trainers, *self.validators):
+            public_from_peer_id(peer)  # raises MalformedError for anything but an Ed25519 peer ID
+        if not self.trainers:
+            raise MalformedError("a run genesis names at least one trainer")
+        if not self.validators:
+            raise MalformedError("a run genesis names at least one validator")
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "created_at": self.created_at,
+            "model": self.model.to_wire(),
+            "task_suite": self.task_suite,
+            "task_seed": self.task_seed,
+            "trainers": list(self.trainers),
+            "validators": list(self.validators),
+            "params": self.params.to_wire(),
+        }
+
+    @classmethod
+    def from_wire(cls, f: Fields) -> Self:
+        return cls(
+            name=f.text("name"),
+            created_at=f.integer("created_at", minimum=0),
+            model=ModelSpec.from_wire(f.sub("model")),
+            task_suite=f.text("task_suite"),
+            task_seed=f.integer("task_seed"),
+            trainers=f.seq("trainers", typed(str, "trainers")),
+            validators=f.seq("validators", typed(str, "validators")),
+            params=RunParams.from_map(f.plain_map("params", {})),
+        )
