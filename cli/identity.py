@@ -36,7 +36,9 @@ def init(
         )
     secret = passphrase_from_env()
     if passphrase and secret is None:
-        secret = typer.prompt("New key passphrase", hide_input=True, confirmation_prompt=True).encode()
+        secret = typer.prompt(
+            "New key passphrase", hide_input=True, confirmation_prompt=True
+        ).encode()
     key, moved = node_home.create(secret, force=force)
     if moved is not None:
         console.print(f"old key moved to {moved}")

@@ -13,7 +13,9 @@ from cli.common import HomeOption, console, open_home
 from node.run import create_genesis, describe, load_genesis, parse_params, write_genesis
 from swarm.errors import ConfigError
 
-run_app = typer.Typer(help="Run genesis files: create (as the run owner) and show.", no_args_is_help=True)
+run_app = typer.Typer(
+    help="Run genesis files: create (as the run owner) and show.", no_args_is_help=True
+)
 
 
 @run_app.command("create")

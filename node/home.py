@@ -97,7 +97,9 @@ class NodeHome:
     def has_key(self) -> bool:
         return self.key_path.exists()
 
-    def create(self, passphrase: bytes | None = None, *, force: bool = False) -> tuple[NodeKey, Path | None]:
+    def create(
+        self, passphrase: bytes | None = None, *, force: bool = False
+    ) -> tuple[NodeKey, Path | None]:
         """Create the key and a default config. Returns the key and where an old key was moved.
 
         Never deletes a key: without ``force`` an existing key raises ``KeyExistsError``; with

@@ -49,7 +49,9 @@ def create_genesis(
             try:
                 public_from_peer_id(peer)
             except MalformedError as exc:
-                raise ConfigError(f"--{role} {peer!r}: {exc}; give a node's `swarm-node id`") from exc
+                raise ConfigError(
+                    f"--{role} {peer!r}: {exc}; give a node's `swarm-node id`"
+                ) from exc
     genesis = RunGenesis(
         name=name,
         created_at=int(time.time() * 1000) if created_at is None else created_at,

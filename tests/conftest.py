@@ -1,0 +1,36 @@
+"""Fixtures every test may use. Network factories live beside the integration tests."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from swarm.identity import NodeKey
+
+# This machine is shared and noisy: no per-example deadlines, and no health check on slow data.
+settings.register_profile(
+    "swarm", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.load_profile("swarm")
+
+
+@pytest.fixture
+def make_key() -> Callable[[str], NodeKey]:
+    """Deterministic keys by name: make_key("alice") is the same key every time."""
+
+    def make(name: str) -> NodeKey:
+        return NodeKey.from_seed(hashlib.sha256(name.encode()).digest())
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No test ever touches the real ~/.local/share/swarm-node."""
+    monkeypatch.setenv("SWARM_NODE_HOME", str(tmp_path_factory.mktemp("home")))
+    monkeypatch.delenv("SWARM_NODE_PASSPHRASE", raising=False)
