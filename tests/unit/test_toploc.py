@@ -153,8 +153,8 @@ def test_float32_rounds_to_bf16_like_torch() -> None:
 
 def test_large_hidden_needs_a_smaller_modulus_and_still_matches() -> None:
     hidden = distinct_magnitudes(32, 4096, seed=7)
-    flat = hidden.view(-1)
-    flat[5], flat[5 + 65497] = 1000.0, -2000.0  # two top-k indices that collide mod 65497
+    flat = hidden.view(-1).view(torch.int16)
+    flat[5], flat[5 + 65497] = 0x7100, 0x7101  # the two largest, colliding mod 65497
     proofs = build_proofs(hidden)
     assert int.from_bytes(proofs[0][:2], "big") < 65497
     assert proofs == ref_build(hidden, 32, 128)
