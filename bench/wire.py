@@ -88,7 +88,7 @@ def main() -> None:
         "decode_mb_s": round(decode_per_s * mb, 1),
         "small_envelope_bytes": len(small_raw),
         "big_envelope_bytes": len(big_raw),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "goal_verify_per_s": 10_000,
     }
     if args.json:
