@@ -25,10 +25,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from node.compute.torch_engine import TorchEngine  # noqa: E402
-from node.model import DEFAULT_MODEL_DIR, default_config  # noqa: E402
-from node.model import tokenizer as tok  # noqa: E402
-from node.tasks import default_suite  # noqa: E402
+from node.compute.torch_engine import TorchEngine
+from node.model import DEFAULT_MODEL_DIR, default_config
+from node.model import tokenizer as tok
+from node.tasks import default_suite
 
 EVAL_IDS = range(90_000, 90_400)  # held out from the warm-up draws
 MAX_TOKENS = 16
@@ -47,7 +47,7 @@ def batch(suite, rng: random.Random, size: int) -> tuple[torch.Tensor, torch.Ten
     for _ in range(size):
         task = suite.task(rng.randrange(0, 80_000))
         prompt = tok.encode(task.prompt)
-        answer = tok.encode(task.answer, bos=False) + [tok.EOS_ID]
+        answer = [*tok.encode(task.answer, bos=False), tok.EOS_ID]
         seqs.append(prompt + answer)
         masks.append([0] * len(prompt) + [1] * len(answer))
     width = max(len(s) for s in seqs)
@@ -61,10 +61,13 @@ def evaluate(model: torch.nn.Module, suite, temperature: float) -> dict[str, flo
     engine = TorchEngine(model, eos_id=tok.EOS_ID, pad_id=tok.PAD_ID)
     tasks = [suite.task(i) for i in EVAL_IDS]
     gens = engine.generate(
-        [tok.encode(t.prompt) for t in tasks], [7_000 + i for i in EVAL_IDS], temperature, MAX_TOKENS
+        [tok.encode(t.prompt) for t in tasks],
+        [7_000 + i for i in EVAL_IDS],
+        temperature,
+        MAX_TOKENS,
     )
     per: dict[str, list[float]] = {}
-    for t, g in zip(tasks, gens):
+    for t, g in zip(tasks, gens, strict=True):
         per.setdefault(t.family, []).append(t.reward(tok.decode(g.tokens)))
     out = {f: sum(v) / len(v) for f, v in per.items()}
     out["mean"] = sum(sum(v) for v in per.values()) / len(tasks)

@@ -1,0 +1,328 @@
+"""Run an engine in a child process so that the node's event loop never runs the model.
+
+Channel: the child's stdin/stdout pipes carry frames of a 4-byte big-endian length followed by
+msgpack (bounded to 256 MiB per frame). Arrays travel as ``{"nd": [dtype, shape, raw bytes]}``,
+never pickle. The child's stderr goes to a log file whose tail is quoted when it dies.
+
+Requests are ``{"op": ..., "args": {...}}``; replies ``{"ok": true, "result": ...}`` or
+``{"ok": false, "error": "..."}`` (an error inside the child, the child stays up). A child that
+exits, is killed or answers nonsense raises :class:`EngineError`; :meth:`ChildEngine.restart`
+starts a fresh one with the same model (and the last weights loaded through it).
+
+Threads: each call holds a lock for its request/response pair, so the engine may be used from
+worker threads. From trio: ``await engine.agenerate(...)`` runs :meth:`generate` via
+``trio.to_thread.run_sync``; cancelling the awaiting task does not interrupt the child (the
+thread finishes the request, its result is dropped).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+import msgpack
+import numpy as np
+
+from node.compute.engine import Engine, EngineInfo, Generation, Prefill
+from swarm.errors import EngineError, SwarmError
+
+MAX_FRAME = 256 * 1024 * 1024
+_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+# -- framing and array encoding ------------------------------------------------------------------
+
+
+def _pack_nd(a: np.ndarray) -> dict[str, Any]:
+    a = np.ascontiguousarray(a)
+    return {"nd": [a.dtype.str, list(a.shape), a.tobytes()]}
+
+
+def _unpack_nd(obj: Any) -> np.ndarray:
+    try:
+        dtype, shape, raw = obj["nd"]
+        return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EngineError(f"engine child sent a malformed array: {exc}") from exc
+
+
+def write_frame(stream: IO[bytes], obj: Any) -> None:
+    data = msgpack.packb(obj, use_bin_type=True)
+    stream.write(struct.pack(">I", len(data)) + data)
+    stream.flush()
+
+
+def read_frame(stream: IO[bytes]) -> Any:
+    """One frame, or None at a clean end of stream. Raises EngineError on a bad frame."""
+    head = stream.read(4)
+    if not head:
+        return None
+    if len(head) != 4:
+        raise EngineError("engine channel closed in the middle of a frame header")
+    (size,) = struct.unpack(">I", head)
+    if size > MAX_FRAME:
+        raise EngineError(f"engine frame of {size} bytes exceeds {MAX_FRAME}")
+    data = stream.read(size)
+    if len(data) != size:
+        raise EngineError("engine channel closed in the middle of a frame")
+    try:
+        return msgpack.unpackb(data, raw=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise EngineError(f"engine frame is not msgpack: {exc}") from exc
+
+
+def generation_to_wire(g: Generation) -> dict[str, Any]:
+    return {"tokens": g.tokens, "finish": g.finish_reason, "hidden": _pack_nd(g.hidden)}
+
+
+def generation_from_wire(obj: Any) -> Generation:
+    try:
+        finish = obj["finish"]
+        if finish not in ("stop", "length"):
+            raise ValueError(f"finish reason {finish!r}")
+        return Generation([int(t) for t in obj["tokens"]], finish, _unpack_nd(obj["hidden"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EngineError(f"engine child sent a malformed generation: {exc}") from exc
+
+
+def prefill_to_wire(p: Prefill) -> dict[str, Any]:
+    return {"logits": _pack_nd(p.logits), "hidden": _pack_nd(p.hidden)}
+
+
+def prefill_from_wire(obj: Any) -> Prefill:
+    try:
+        return Prefill(_unpack_nd(obj["logits"]), _unpack_nd(obj["hidden"]))
+    except (KeyError, TypeError) as exc:
+        raise EngineError(f"engine child sent a malformed prefill: {exc}") from exc
+
+
+# -- the parent side -----------------------------------------------------------------------------
+
+
+class ChildEngine(Engine):
+    """The same interface as :class:`Engine`; the model lives in ``python -m node.compute.child``.
+
+    ``kind`` is ``"torch"`` (or ``"vllm"`` on a GPU machine with the ``gpu`` extra).
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        kind: str = "torch",
+        dtype: str = "float32",
+        device: str = "cpu",
+        threads: int | None = None,
+    ) -> None:
+        self._spec = {
+            "kind": kind,
+            "path": str(model_path),
+            "dtype": dtype,
+            "device": device,
+            "threads": threads,
+        }
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._weights: str | None = None
+        self._start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def _start(self) -> None:
+        self._log = tempfile.NamedTemporaryFile(prefix="swarm-engine-", suffix=".log")  # noqa: SIM115
+        env = dict(os.environ)
+        env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "node.compute.child"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=env,
+        )
+        info = self._call("init", self._spec)
+        self.info = EngineInfo(**info)
+        if self._weights is not None:
+            self._call("load_weights", {"path": self._weights})
+
+    def _died(self, what: str) -> EngineError:
+        proc = self._proc
+        code = proc.poll() if proc else None
+        if proc and code is None:
+            proc.kill()
+            code = proc.wait()
+        tail = ""
+        if self._log is not None:
+            try:
+                tail = Path(self._log.name).read_text(errors="replace")[-2000:].strip()
+            except OSError:
+                tail = ""
+        pid = proc.pid if proc else "?"
+        msg = f"engine child (pid {pid}) {what}; exit code {code}; call restart() for a new one"
+        return EngineError(msg + (f"\n--- child log ---\n{tail}" if tail else ""))
+
+    def _call(self, op: str, args: dict[str, Any]) -> Any:
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.stdin is None or proc.stdout is None:
+                raise EngineError("engine child is closed; call restart() for a new one")
+            if proc.poll() is not None:
+                raise self._died("has exited")
+            try:
+                write_frame(proc.stdin, {"op": op, "args": args})
+                reply = read_frame(proc.stdout)
+            except (BrokenPipeError, OSError, ValueError) as exc:
+                raise self._died(f"broke the channel ({exc})") from exc
+            except EngineError as exc:
+                raise self._died(str(exc)) from exc
+            if reply is None:
+                raise self._died("closed its output")
+        if not isinstance(reply, dict) or "ok" not in reply:
+            raise EngineError(f"engine child answered nonsense to {op!r}")
+        if not reply["ok"]:
+            raise EngineError(f"engine child failed {op!r}: {reply.get('error')}")
+        return reply.get("result")
+
+    def restart(self) -> None:
+        """Stop the child (if alive) and start a fresh one with the same model and weights."""
+        self.close()
+        self._start()
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        temperature: float,
+        max_tokens: int,
+        sample_indices: list[int] | None = None,
+    ) -> list[Generation]:
+        args = {
+            "prompts": prompts,
+            "seeds": seeds,
+            "temperature": float(temperature),
+            "max_tokens": max_tokens,
+            "sample_indices": sample_indices,
+        }
+        result = self._call("generate", args)
+        if not isinstance(result, list):
+            raise EngineError("engine child answered generate with a non-list")
+        return [generation_from_wire(g) for g in result]
+
+    def prefill(self, prompt: list[int], tokens: list[int]) -> Prefill:
+        return self.prefill_batch([(prompt, tokens)])[0]
+
+    def prefill_batch(self, items: list[tuple[list[int], list[int]]]) -> list[Prefill]:
+        result = self._call("prefill_batch", {"items": [[p, t] for p, t in items]})
+        if not isinstance(result, list):
+            raise EngineError("engine child answered prefill with a non-list")
+        return [prefill_from_wire(p) for p in result]
+
+    def load_weights(self, path: str) -> None:
+        self._call("load_weights", {"path": str(path)})
+        self._weights = str(path)
+
+    async def agenerate(self, *args: Any, **kwargs: Any) -> list[Generation]:
+        """:meth:`generate` in a worker thread (trio), so the event loop stays responsive."""
+        import functools
+
+        import trio
+
+        return await trio.to_thread.run_sync(functools.partial(self.generate, *args, **kwargs))
+
+    async def aprefill_batch(self, items: list[tuple[list[int], list[int]]]) -> list[Prefill]:
+        """:meth:`prefill_batch` in a worker thread (trio)."""
+        import trio
+
+        return await trio.to_thread.run_sync(self.prefill_batch, items)
+
+    def close(self) -> None:
+        with self._lock:
+            proc, self._proc = self._proc, None
+            if proc is not None:
+                try:
+                    if proc.poll() is None and proc.stdin is not None:
+                        write_frame(proc.stdin, {"op": "close", "args": {}})
+                        proc.stdin.close()
+                    proc.wait(timeout=10)
+                except (OSError, ValueError, subprocess.TimeoutExpired):
+                    proc.kill()
+                    proc.wait()
+                if proc.stdout is not None:
+                    proc.stdout.close()
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+
+# -- the child side ------------------------------------------------------------------------------
+
+
+def _make_engine(spec: dict[str, Any]) -> Engine:
+    if spec.get("threads"):
+        import torch
+
+        torch.set_num_threads(int(spec["threads"]))
+    if spec["kind"] == "torch":
+        from node.compute.torch_engine import TorchEngine
+
+        return TorchEngine.from_dir(spec["path"], dtype=spec["dtype"], device=spec["device"])
+    if spec["kind"] == "vllm":
+        from node.compute.vllm_engine import VllmEngine
+
+        return VllmEngine(spec["path"], dtype=spec["dtype"])
+    raise EngineError(f"unknown engine kind {spec['kind']!r}; use 'torch' or 'vllm'")
+
+
+def _serve(engine: Engine | None, op: str, args: dict[str, Any]) -> tuple[Engine | None, Any]:
+    if op == "init":
+        engine = _make_engine(args)
+        return engine, engine.info.__dict__
+    if engine is None:
+        raise EngineError("engine child got a request before init")
+    if op == "generate":
+        gens = engine.generate(
+            args["prompts"],
+            args["seeds"],
+            args["temperature"],
+            args["max_tokens"],
+            args.get("sample_indices"),
+        )
+        return engine, [generation_to_wire(g) for g in gens]
+    if op == "prefill_batch":
+        items = [(list(p), list(t)) for p, t in args["items"]]
+        return engine, [prefill_to_wire(p) for p in engine.prefill_batch(items)]
+    if op == "load_weights":
+        engine.load_weights(args["path"])
+        return engine, None
+    raise EngineError(f"unknown engine request {op!r}")
+
+
+def main() -> None:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # stray prints must not corrupt the channel
+    engine: Engine | None = None
+    while True:
+        try:
+            request = read_frame(stdin)
+        except EngineError as exc:
+            print(f"engine child: {exc}", file=sys.stderr)
+            return
+        if request is None or request.get("op") == "close":
+            return
+        try:
+            engine, result = _serve(engine, request["op"], request.get("args") or {})
+            write_frame(stdout, {"ok": True, "result": result})
+        except (SwarmError, KeyError, TypeError, ValueError, RuntimeError) as exc:
+            write_frame(stdout, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+
+
+if __name__ == "__main__":
+    main()
