@@ -1,0 +1,133 @@
+"""The ledger's grow-only event set in SQLite (WAL; one transaction per batch; survives kill -9).
+
+The database holds each event's exact envelope bytes keyed by its id, so an auditor can re-verify
+every signature from the file alone. ``add`` checks every event against the run's rules before it
+writes anything: a batch lands whole or not at all.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from swarm.errors import StorageError
+from swarm.ledger.fold import Balances, fold
+from swarm.ledger.rules import check_event
+from swarm.messages import LedgerEvent, RunGenesis, Signed, decode, run_id_of
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    id BLOB PRIMARY KEY,
+    event TEXT NOT NULL,
+    peer TEXT NOT NULL,
+    amount INTEGER NOT NULL,
+    evidence BLOB NOT NULL,
+    signer TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    raw BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_peer ON events (peer);
+"""
+
+
+class LedgerStore:
+    """One run's ledger in one SQLite file. Not thread-safe: use it from one thread (the node's
+    event loop), or open one store per thread."""
+
+    def __init__(self, path: Path, genesis: Signed[RunGenesis]) -> None:
+        self.path = path
+        self.genesis = genesis
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'genesis'").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO meta VALUES ('genesis', ?)", (genesis.raw,))
+            elif bytes(row[0]) != genesis.raw:
+                raise StorageError(
+                    f"ledger {path} belongs to another run; use a separate file per run"
+                )
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(f"ledger {path} cannot be opened: {exc}") from exc
+
+    @classmethod
+    def open_existing(cls, path: Path) -> LedgerStore:
+        """Open a ledger file by itself, with the genesis it stores (what an auditor does)."""
+        if not path.exists():
+            raise StorageError(f"no ledger at {path}")
+        try:
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+                row = db.execute("SELECT value FROM meta WHERE key = 'genesis'").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(f"{path} is not a swarm-node ledger: {exc}") from exc
+        if row is None:
+            raise StorageError(f"{path} holds no run genesis")
+        return cls(path, decode(bytes(row[0]), RunGenesis))
+
+    @property
+    def run_id(self) -> str:
+        return run_id_of(self.genesis)
+
+    def add(self, events: Iterable[Signed[LedgerEvent]]) -> list[Signed[LedgerEvent]]:
+        """Check and store events; returns those that were new. Raises before writing anything
+        if any event breaks the run's rules."""
+        batch = list(events)
+        for event in batch:
+            check_event(event, self.genesis)
+        added = []
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            for event in batch:
+                e = event.message
+                cursor = self._db.execute(
+                    "INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        event.id,
+                        e.event,
+                        e.peer,
+                        e.amount,
+                        e.evidence,
+                        event.signer,
+                        e.created_at,
+                        event.raw,
+                    ),
+                )
+                if cursor.rowcount:
+                    added.append(event)
+            self._db.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            self._db.execute("ROLLBACK")
+            raise StorageError(f"ledger {self.path}: write failed: {exc}") from exc
+        return added
+
+    def ids(self) -> set[bytes]:
+        return {bytes(r[0]) for r in self._db.execute("SELECT id FROM events")}
+
+    def raw_events(self, ids: Iterable[bytes] | None = None) -> Iterator[bytes]:
+        """Envelope bytes of the given events (all when ``ids`` is None), for sync."""
+        if ids is None:
+            for (raw,) in self._db.execute("SELECT raw FROM events ORDER BY id"):
+                yield bytes(raw)
+            return
+        for event_id in ids:
+            row = self._db.execute("SELECT raw FROM events WHERE id = ?", (event_id,)).fetchone()
+            if row is not None:
+                yield bytes(row[0])
+
+    def events(self) -> Iterator[Signed[LedgerEvent]]:
+        for raw in self.raw_events():
+            yield decode(raw, LedgerEvent)
+
+    def balances(self) -> Balances:
+        return fold(self.events(), self.genesis.message.params)
+
+    def __len__(self) -> int:
+        return int(self._db.execute("SELECT count(*) FROM events").fetchone()[0])
+
+    def close(self) -> None:
+        self._db.close()
