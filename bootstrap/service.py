@@ -1,0 +1,177 @@
+"""The bootstrap peer: a long-lived DHT server and gossip router for any run.
+
+It holds no run of its own. It serves the Kademlia DHT (with the RoleAdvert record validator,
+so it stores only records signed by the peer they describe) and joins the gossip topics of any
+run its peers subscribe to, so that the mesh of a small run does not depend on its members
+finding each other first. For a run whose genesis it was given (``--run``) it validates gossip
+exactly as a member does; for any other run it forwards only what is well-formed: within the
+size limit, a valid signed envelope of the right kind, of the topic's run, not seen before.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from swarm.errors import SwarmError
+from swarm.identity import NodeKey
+from swarm.messages import (
+    LedgerEvent,
+    PolicyAnnouncement,
+    RunGenesis,
+    Signed,
+    Verdict,
+    decode_any,
+    run_id_of,
+)
+from swarm.net import (
+    LEDGER_MAX_BYTES,
+    POLICY_MAX_BYTES,
+    DialPolicy,
+    GossipStats,
+    LedgerGate,
+    Overlay,
+    OverlayConfig,
+    PolicyGate,
+    PolicyTracker,
+    parse_topic,
+)
+from swarm.net.gossip import Refused, SeenIds
+
+log = logging.getLogger(__name__)
+
+MAX_RUNS = 64
+"""Topics of at most this many runs are routed (a peer cannot make us join unbounded topics)."""
+
+
+@dataclass
+class BootstrapConfig:
+    key: NodeKey
+    listen: Sequence[str] = ("/ip4/0.0.0.0/tcp/4001",)
+    peers: Sequence[str] = ()
+    genesis: Sequence[Signed[RunGenesis]] = ()
+    heartbeat: float = 1.0
+    dial: DialPolicy = field(default_factory=DialPolicy)
+
+
+class WellFormedGate:
+    """Gossip gate for a run whose genesis we do not hold (see the module docstring)."""
+
+    def __init__(self, run_id: str, kind: str, stats: GossipStats) -> None:
+        self.run_id = run_id
+        self.kind = kind
+        self.stats = stats
+        self.limit = POLICY_MAX_BYTES if kind == "policy" else LEDGER_MAX_BYTES
+        self.types: tuple[type, ...] = (
+            (PolicyAnnouncement,) if kind == "policy" else (Verdict, LedgerEvent)
+        )
+        self._seen = SeenIds()
+
+    def __call__(self, data: bytes) -> bool:
+        try:
+            if len(data) > self.limit:
+                raise Refused("oversize", f"{len(data)} bytes")
+            try:
+                signed = decode_any(data)
+            except SwarmError as exc:
+                raise Refused("malformed", str(exc)) from exc
+            if not isinstance(signed.message, self.types):
+                raise Refused("wrong-kind", signed.envelope.kind)
+            if signed.message.run_id != self.run_id:
+                raise Refused("wrong-run", signed.message.run_id[:40])
+            if signed.id in self._seen:
+                raise Refused("duplicate", "seen before")
+        except Refused as exc:
+            self.stats.rejected[self.kind, exc.reason] += 1
+            return False
+        self._seen.add(signed.id)
+        self.stats.accepted[self.kind] += 1
+        return True
+
+
+class BootstrapPeer:
+    """A running bootstrap peer (use ``BootstrapPeer.start``)."""
+
+    def __init__(self, config: BootstrapConfig, overlay: Overlay) -> None:
+        self.config = config
+        self.overlay = overlay
+        self.stats = GossipStats()
+        self.started_at = time.monotonic()
+        self.trackers: dict[str, PolicyTracker] = {}
+        self._known: dict[str, Signed[RunGenesis]] = {run_id_of(g): g for g in config.genesis}
+        self._routed: set[str] = set()
+
+    @classmethod
+    @asynccontextmanager
+    async def start(cls, config: BootstrapConfig) -> AsyncIterator[BootstrapPeer]:
+        async with Overlay.start(
+            config.key, OverlayConfig(listen=config.listen, heartbeat=config.heartbeat)
+        ) as overlay:
+            peer = cls(config, overlay)
+            for run_id in peer._known:
+                await peer._route(run_id)
+            if config.peers:
+                await overlay.dial(config.peers, config.dial)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(peer._follow_topics, config.heartbeat)
+                try:
+                    yield peer
+                finally:
+                    nursery.cancel_scope.cancel()
+
+    def addrs(self) -> list[str]:
+        return self.overlay.addrs()
+
+    @property
+    def peer_id(self) -> str:
+        return self.overlay.peer_id
+
+    async def _route(self, run_id: str) -> None:
+        """Join the run's topics with the strictest gates we can build for it."""
+        if run_id in self._routed or len(self._routed) >= MAX_RUNS:
+            return
+        self._routed.add(run_id)
+        genesis = self._known.get(run_id)
+        for kind in ("policy", "ledger"):
+            topic = f"swarm-node/{run_id}/{kind}"
+            gate: Any
+            if genesis is None:
+                gate = WellFormedGate(run_id, kind, self.stats)
+            elif kind == "policy":
+                tracker = self.trackers.setdefault(run_id, PolicyTracker(run_id))
+                policy = PolicyGate(run_id, genesis.message.trainers, tracker, self.stats)
+                gate = lambda data, g=policy: g.accept(data) is not None  # noqa: E731
+            else:
+                signers = (*genesis.message.validators, genesis.signer)
+                ledger = LedgerGate(run_id, signers, self.stats)
+                gate = lambda data, g=ledger: g.accept(data) is not None  # noqa: E731
+            self.overlay.set_gate(topic, gate)
+            await self.overlay.subscribe(topic)
+        log.info("routing gossip of run %s%s", run_id, "" if genesis else " (well-formed only)")
+
+    async def _follow_topics(self, every: float) -> None:
+        """Join the topics of every run our peers subscribe to (bounded by MAX_RUNS)."""
+        while True:
+            for topic in list(self.overlay.pubsub.peer_topics):
+                parsed = parse_topic(topic)
+                if parsed is not None:
+                    await self._route(parsed[0])
+            await trio.sleep(every)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "role": "bootstrap",
+            "peer_id": self.peer_id,
+            "listen_addrs": self.addrs(),
+            "connected_peers": len(self.overlay.connected_peers()),
+            "dht_routing_table": self.overlay.dht.get_routing_table_size(),
+            "runs_routed": sorted(self._routed),
+            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "gossip": self.stats.as_dict(),
+        }

@@ -1,0 +1,334 @@
+"""The running node: overlay (host, DHT, gossip), membership, policy tracking, ledger gossip,
+request/response protocols, the admin endpoint and metrics, in one trio event loop.
+
+Roles build on this API::
+
+    async with Node.start(config) as node:
+        node.policy.newest                      # Signed[PolicyAnnouncement] | None
+        node.peers_by_role()                    # {"trainer": [...], "inference": [...], ...}
+        await node.announce_policy(v, manifest_id)
+        node.subscribe_ledger(handler)
+        node.handle("shard", handler, limits);  await node.request(peer, "shard", body)
+
+Leaving the block (normally, on error, on Ctrl-C) stops every task, closes every connection,
+removes the admin socket and releases the home's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node import admin
+from node.home import NodeHome
+from swarm.errors import ConfigError, NotAuthorizedError
+from swarm.identity import NodeKey
+from swarm.messages import PolicyAnnouncement, Role, RunGenesis, Signed, decode_any, run_id_of, sign
+from swarm.net import (
+    DialPolicy,
+    GossipStats,
+    LedgerGate,
+    Membership,
+    MembershipConfig,
+    Overlay,
+    OverlayConfig,
+    PolicyGate,
+    PolicyTracker,
+    StreamLimits,
+    StreamServer,
+    authorize,
+    ledger_topic,
+    parse_multiaddr,
+    parse_peer_addr,
+    policy_topic,
+    request,
+    serve,
+    stream_protocol,
+)
+from swarm.net.records import wall_clock_ms
+
+log = logging.getLogger(__name__)
+
+SOFTWARE = "swarm-node/0.1.0"
+MAX_GOSSIP_PEERS = 32
+DEFAULT_LIMITS = StreamLimits()
+LedgerHandler = Callable[[Signed[Any]], Awaitable[None] | None]
+
+
+@dataclass
+class RuntimeConfig:
+    """Everything a node needs to join a run. ``home`` (when given) holds the lock and the
+    admin socket."""
+
+    key: NodeKey
+    genesis: Signed[RunGenesis]
+    role: Role
+    listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",)
+    bootstrap: Sequence[str] = ()
+    home: NodeHome | None = None
+    metrics_port: int | None = None
+    heartbeat: float = 1.0
+    advert_ttl_s: float = 600.0
+    discover_every_s: float = 2.0
+    dial: DialPolicy = field(default_factory=DialPolicy)
+    capabilities: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Refuse bad input before any network use (``ConfigError`` / ``NotAuthorizedError``)."""
+        for addr in self.listen:
+            parse_multiaddr(addr)
+        for addr in self.bootstrap:
+            parse_peer_addr(addr)
+        g = self.genesis.message
+        authorize(self.role, self.key.peer_id, g.trainers, g.validators)
+
+
+class Node:
+    """A node in a run (use ``Node.start``)."""
+
+    def __init__(self, config: RuntimeConfig, overlay: Overlay) -> None:
+        self.config = config
+        self.overlay = overlay
+        self.key = config.key
+        self.run_id = run_id_of(config.genesis)
+        self.role: Role = config.role
+        g = config.genesis.message
+        self.stats = GossipStats()
+        self.policy = PolicyTracker(self.run_id)
+        self.policy_gate = PolicyGate(self.run_id, g.trainers, self.policy, self.stats)
+        self.ledger_gate = LedgerGate(
+            self.run_id, (*g.validators, config.genesis.signer), self.stats
+        )
+        self.membership = Membership(
+            overlay,
+            config.key,
+            self.run_id,
+            config.role,
+            trainers=g.trainers,
+            validators=g.validators,
+            config=MembershipConfig(
+                software=SOFTWARE,
+                advert_ttl_s=config.advert_ttl_s,
+                discover_every_s=config.discover_every_s,
+                capabilities=config.capabilities,
+            ),
+        )
+        self.started_at = time.monotonic()
+        self.bootstrap_connected: list[str] = []
+        self.servers: dict[str, StreamServer] = {}
+        self._ledger_handlers: list[LedgerHandler] = []
+        self._nursery: trio.Nursery | None = None
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    @classmethod
+    @asynccontextmanager
+    async def start(cls, config: RuntimeConfig) -> AsyncIterator[Node]:
+        """Check the config, take the home's lock, start the overlay, dial the bootstrap
+        peers, publish our advert, subscribe to the run's topics; undo it all on exit.
+
+        Raises ``ConfigError``/``NotAuthorizedError`` before any network use,
+        ``StorageError`` when another node holds the home, ``BootstrapError`` when no
+        bootstrap peer answers (with ``config.dial.attempts == inf`` it keeps trying).
+        """
+        config.check()
+        async with AsyncExitStack() as stack:
+            if config.home is not None:
+                stack.enter_context(config.home.lock())
+            overlay = await stack.enter_async_context(
+                Overlay.start(
+                    config.key, OverlayConfig(listen=config.listen, heartbeat=config.heartbeat)
+                )
+            )
+            node = cls(config, overlay)
+            for addr in overlay.addrs():
+                log.info("listening on %s", addr)
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            node._nursery = nursery
+            stack.callback(nursery.cancel_scope.cancel)
+            if config.home is not None:
+                await nursery.start(
+                    admin.serve_admin, admin.socket_path(config.home.path), node.admin_commands()
+                )
+            if config.metrics_port is not None:
+                from node.net_metrics import serve_metrics
+
+                stack.enter_context(serve_metrics(node, config.metrics_port))
+            await node._join(nursery)
+            yield node
+
+    async def _join(self, nursery: trio.Nursery) -> None:
+        self.overlay.set_gate(policy_topic(self.run_id), self._policy_gate)
+        self.overlay.set_gate(ledger_topic(self.run_id), self._ledger_gate)
+        policy_sub = await self.overlay.subscribe(policy_topic(self.run_id))
+        ledger_sub = await self.overlay.subscribe(ledger_topic(self.run_id))
+        nursery.start_soon(self._drain, policy_sub, None)
+        nursery.start_soon(self._drain, ledger_sub, self._deliver_ledger)
+        if self.config.bootstrap:
+            report = await self.overlay.dial(self.config.bootstrap, self.config.dial)
+            self.bootstrap_connected = report.connected
+            for addr, why in report.failures.items():
+                log.warning("bootstrap peer %s not reached: %s", addr, why)
+            nursery.start_soon(self._check_reachability)
+        await self.membership.publish()
+        nursery.start_soon(self.membership.run)
+        nursery.start_soon(self._connect_found_peers)
+
+    def _policy_gate(self, data: bytes) -> bool:
+        return self.policy_gate.accept(data) is not None
+
+    def _ledger_gate(self, data: bytes) -> bool:
+        return self.ledger_gate.accept(data) is not None
+
+    async def _drain(self, sub: Any, deliver: Callable[[bytes], Awaitable[None]] | None) -> None:
+        while True:
+            msg = await sub.get()
+            if deliver is not None:
+                await deliver(bytes(msg.data))
+
+    async def _deliver_ledger(self, data: bytes) -> None:
+        signed = decode_any(data)  # accepted by the gate a moment ago
+        for handler in list(self._ledger_handlers):
+            try:
+                result = handler(signed)
+                if result is not None:
+                    await result
+            except Exception:
+                log.exception("ledger handler failed")
+
+    async def _check_reachability(self) -> None:
+        with trio.move_on_after(30):
+            status = await self.overlay.check_reachability()
+            log.info("AutoNAT reachability: %s", status)
+
+    async def _connect_found_peers(self) -> None:
+        """Connect to the run's peers found in the DHT, so the gossip mesh does not depend on
+        the bootstrap peers alone (bounded: at most MAX_GOSSIP_PEERS connections we start)."""
+        from swarm.net.dial import dial_once
+
+        while True:
+            await self.membership.found.wait()
+            self.membership.found = trio.Event()
+            connected = set(self.overlay.connected_peers())
+            for peers in self.membership.peers_by_role().values():
+                for peer in peers:
+                    if peer in connected or len(connected) >= MAX_GOSSIP_PEERS:
+                        continue
+                    advert = self.membership.advert_of(peer)
+                    for addr in advert.message.addrs if advert else ():
+                        try:
+                            if await dial_once(self.overlay.host, addr, 5.0) is None:
+                                connected.add(peer)
+                                break
+                        except ConfigError:
+                            continue
+
+    # -- what roles use -----------------------------------------------------------------------
+
+    @property
+    def peer_id(self) -> str:
+        return self.key.peer_id
+
+    def peers_by_role(self) -> dict[str, list[str]]:
+        return self.membership.peers_by_role()
+
+    async def announce_policy(self, version: int, manifest_id: bytes) -> Signed[PolicyAnnouncement]:
+        """Sign and gossip a PolicyAnnouncement (genesis trainers only).
+
+        ``NotAuthorizedError`` for a key that is not a genesis trainer; ``ValidationError``
+        (``Refused``) for a version not newer than the newest known.
+        """
+        if self.peer_id not in self.config.genesis.message.trainers:
+            raise NotAuthorizedError(f"{self.peer_id} is not a genesis trainer of this run")
+        signed = sign(
+            PolicyAnnouncement(self.run_id, version, manifest_id, wall_clock_ms()), self.key
+        )
+        await self.publish_policy(signed)
+        return signed
+
+    async def publish_policy(self, signed: Signed[PolicyAnnouncement]) -> None:
+        self.policy_gate.check(signed.raw)  # a clear error here rather than a silent drop
+        await self.overlay.publish(policy_topic(self.run_id), signed.raw)
+
+    def subscribe_ledger(self, handler: LedgerHandler) -> None:
+        """Call ``handler(signed)`` for every accepted Verdict or LedgerEvent of the run."""
+        self._ledger_handlers.append(handler)
+
+    async def publish_ledger(self, signed: Signed[Any]) -> None:
+        self.ledger_gate.check(signed.raw)
+        await self.overlay.publish(ledger_topic(self.run_id), signed.raw)
+
+    def handle(
+        self,
+        name: str,
+        handler: Callable[[str, bytes], Awaitable[bytes]],
+        limits: StreamLimits = DEFAULT_LIMITS,
+    ) -> StreamServer:
+        """Serve ``/swarm-node/<run>/<name>/1`` with ``handler(peer_id, request) -> answer``."""
+        protocol = stream_protocol(self.run_id, name)
+        self.servers[name] = serve(self.overlay.host, protocol, handler, limits)
+        return self.servers[name]
+
+    async def request(
+        self, peer_id: str, name: str, payload: bytes, limits: StreamLimits = DEFAULT_LIMITS
+    ) -> bytes:
+        """One request on ``/swarm-node/<run>/<name>/1`` (size limits and a deadline)."""
+        return await request(
+            self.overlay.host, peer_id, stream_protocol(self.run_id, name), payload, limits
+        )
+
+    # -- status -------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        newest = self.policy.newest
+        return {
+            "run_id": self.run_id,
+            "run_name": self.config.genesis.message.name,
+            "role": self.role,
+            "peer_id": self.peer_id,
+            "listen_addrs": self.overlay.addrs(),
+            "peers_by_role": self.peers_by_role(),
+            "connected_peers": len(self.overlay.connected_peers()),
+            "bootstrap_connected": self.bootstrap_connected,
+            "reachability": self.overlay.reachability(),
+            "policy_version": None if newest is None else newest.message.version,
+            "policy_manifest": None if newest is None else newest.message.manifest_id.hex(),
+            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "gossip": self.stats.as_dict(),
+            "rejected_adverts": self.membership.rejected_adverts,
+            "warnings": list(self.membership.duplicate_warnings),
+        }
+
+    def admin_commands(self) -> dict[str, admin.Command]:
+        async def status(_req: dict[str, Any]) -> dict[str, Any]:
+            return {"status": self.status()}
+
+        async def announce(req: dict[str, Any]) -> dict[str, Any]:
+            try:
+                version = int(req["version"])
+                manifest = bytes.fromhex(str(req["manifest"]))
+            except (KeyError, ValueError, TypeError) as exc:
+                raise ConfigError(
+                    f"announce needs an integer version and a hex manifest: {exc}"
+                ) from exc
+            signed = await self.announce_policy(version, manifest)
+            return {"announced": {"version": version, "id": signed.id.hex()}}
+
+        return {"status": status, "announce": announce}
+
+
+def home_path(home: NodeHome | Path) -> Path:
+    return home.path if isinstance(home, NodeHome) else home
+
+
+def forever_policy(timeout: float = 5.0) -> DialPolicy:
+    """``--wait``: keep dialing with capped backoff until some bootstrap peer answers."""
+    return DialPolicy(attempts=math.inf, timeout=timeout)

@@ -1,0 +1,257 @@
+"""Gossip validation: what a node accepts (and so forwards) on a run's topics.
+
+A topic validator runs on every message before GossipSub delivers or forwards it; returning
+``False`` drops it here, so a refused message never reaches a peer behind us. Checks, cheapest
+first: size, envelope (typed decode, signature), signer holds the genesis role, run id, not a
+duplicate, and (policy topic) a version newer than the newest known. Every verdict is counted by
+reason in ``GossipStats`` for ``swarm-node status`` and metrics.
+
+``PolicyTracker`` keeps the newest valid PolicyAnnouncement; the policy gate updates it the moment
+a message is accepted, so two racing announcements of one version cannot both pass.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from swarm.errors import (
+    NotAuthorizedError,
+    OversizeError,
+    SignatureError,
+    SwarmError,
+    UnknownKindError,
+    WireError,
+)
+from swarm.messages import LedgerEvent, PolicyAnnouncement, Signed, Verdict, decode, decode_any
+
+log = logging.getLogger(__name__)
+
+ENVELOPE_OVERHEAD = 256
+"""Bytes an envelope adds around a payload (array, kind, 32-byte key, 64-byte signature)."""
+
+POLICY_MAX_BYTES = PolicyAnnouncement.MAX_BYTES + ENVELOPE_OVERHEAD
+LEDGER_MAX_BYTES = max(Verdict.MAX_BYTES, LedgerEvent.MAX_BYTES) + ENVELOPE_OVERHEAD
+
+REASONS = (
+    "oversize",
+    "malformed",
+    "bad-signature",
+    "wrong-kind",
+    "not-authorized",
+    "wrong-run",
+    "duplicate",
+    "stale",
+)
+
+
+class Refused(SwarmError):
+    """A gossip message a topic validator refuses; ``reason`` is one of ``REASONS``."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+@dataclass
+class GossipStats:
+    """Messages accepted and rejected (by reason) per topic kind ("policy", "ledger")."""
+
+    accepted: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        rejected: dict[str, dict[str, int]] = {}
+        for (topic, reason), n in sorted(self.rejected.items()):
+            rejected.setdefault(topic, {})[reason] = n
+        return {"accepted": dict(self.accepted), "rejected": rejected}
+
+
+class SeenIds:
+    """A bounded set of envelope ids (oldest forgotten first), for duplicate detection."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._ids: OrderedDict[bytes, None] = OrderedDict()
+        self._capacity = capacity
+
+    def __contains__(self, item: bytes) -> bool:
+        return item in self._ids
+
+    def add(self, item: bytes) -> None:
+        self._ids[item] = None
+        self._ids.move_to_end(item)
+        while len(self._ids) > self._capacity:
+            self._ids.popitem(last=False)
+
+
+def _classify(exc: SwarmError) -> str:
+    if isinstance(exc, OversizeError):
+        return "oversize"
+    if isinstance(exc, SignatureError):
+        return "bad-signature"
+    if isinstance(exc, UnknownKindError):
+        return "wrong-kind"
+    if isinstance(exc, NotAuthorizedError):
+        return "not-authorized"
+    if isinstance(exc, WireError):
+        return "malformed"
+    return "malformed"
+
+
+def _check_size(data: bytes, limit: int) -> None:
+    if len(data) > limit:
+        raise Refused("oversize", f"{len(data)} bytes is over the topic limit of {limit}")
+
+
+class PolicyTracker:
+    """The newest valid PolicyAnnouncement of one run, with a way to wait for a version."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.newest: Signed[PolicyAnnouncement] | None = None
+        self._changed = trio.Event()
+        self._listeners: list[Callable[[Signed[PolicyAnnouncement]], None]] = []
+
+    @property
+    def version(self) -> int | None:
+        return None if self.newest is None else self.newest.message.version
+
+    def offer(self, signed: Signed[PolicyAnnouncement]) -> bool:
+        """Keep ``signed`` if it is newer than what we hold; ``True`` when it was kept."""
+        if self.newest is not None and signed.message.version <= self.newest.message.version:
+            return False
+        self.newest = signed
+        self._changed.set()
+        self._changed = trio.Event()
+        for listener in list(self._listeners):
+            try:
+                listener(signed)
+            except Exception:  # a listener's bug must not take gossip validation down
+                log.exception("policy listener failed")
+        return True
+
+    def on_change(self, listener: Callable[[Signed[PolicyAnnouncement]], None]) -> None:
+        self._listeners.append(listener)
+
+    async def wait_for(self, version: int) -> Signed[PolicyAnnouncement]:
+        """Return once a version >= ``version`` is known (cancel to give up)."""
+        while self.newest is None or self.newest.message.version < version:
+            await self._changed.wait()
+        return self.newest
+
+
+class PolicyGate:
+    """Validator of a run's policy topic: only genesis trainers, only newer versions."""
+
+    def __init__(
+        self, run_id: str, trainers: Collection[str], tracker: PolicyTracker, stats: GossipStats
+    ) -> None:
+        self.run_id = run_id
+        self.trainers = frozenset(trainers)
+        self.tracker = tracker
+        self.stats = stats
+        self._seen = SeenIds()
+
+    def check(self, data: bytes) -> Signed[PolicyAnnouncement]:
+        """Decode and check one message without counting or keeping it; raise ``Refused``."""
+        _check_size(data, POLICY_MAX_BYTES)
+        try:
+            signed = decode(data, PolicyAnnouncement)
+        except SwarmError as exc:
+            raise Refused(_classify(exc), str(exc)) from exc
+        if signed.signer not in self.trainers:
+            raise Refused("not-authorized", f"{signed.signer} is not a genesis trainer")
+        if signed.message.run_id != self.run_id:
+            raise Refused("wrong-run", f"announcement of run {signed.message.run_id[:40]!r}")
+        if signed.id in self._seen:
+            raise Refused("duplicate", "announcement seen before")
+        newest = self.tracker.version
+        if newest is not None and signed.message.version <= newest:
+            raise Refused("stale", f"version {signed.message.version} is not newer than {newest}")
+        return signed
+
+    def accept(self, data: bytes) -> Signed[PolicyAnnouncement] | None:
+        """Check, count, and keep; ``None`` when refused."""
+        try:
+            signed = self.check(data)
+        except Refused as exc:
+            self.stats.rejected["policy", exc.reason] += 1
+            log.info("refused policy gossip (%s)", exc)
+            return None
+        self._seen.add(signed.id)
+        self.tracker.offer(signed)
+        self.stats.accepted["policy"] += 1
+        log.info(
+            "policy version %d accepted (manifest %s, from %s)",
+            signed.message.version,
+            signed.message.manifest_id.hex()[:16],
+            signed.signer,
+        )
+        return signed
+
+
+class LedgerGate:
+    """Validator of a run's ledger topic: verdicts and ledger events from genesis validators
+    (stake grants from the run owner), of this run, each once."""
+
+    def __init__(
+        self, run_id: str, signers: Collection[str], stats: GossipStats, capacity: int = 65536
+    ) -> None:
+        self.run_id = run_id
+        self.signers = frozenset(signers)
+        self.stats = stats
+        self._seen = SeenIds(capacity)
+
+    def check(self, data: bytes) -> Signed[Any]:
+        _check_size(data, LEDGER_MAX_BYTES)
+        try:
+            signed = decode_any(data)
+        except SwarmError as exc:
+            raise Refused(_classify(exc), str(exc)) from exc
+        if not isinstance(signed.message, (Verdict, LedgerEvent)):
+            raise Refused("wrong-kind", f"{signed.envelope.kind} does not belong on the ledger")
+        if signed.signer not in self.signers:
+            raise Refused("not-authorized", f"{signed.signer} is not a genesis validator")
+        if signed.message.run_id != self.run_id:
+            raise Refused("wrong-run", f"message of run {signed.message.run_id[:40]!r}")
+        if signed.id in self._seen:
+            raise Refused("duplicate", "ledger message seen before")
+        return signed
+
+    def accept(self, data: bytes) -> Signed[Any] | None:
+        try:
+            signed = self.check(data)
+        except Refused as exc:
+            self.stats.rejected["ledger", exc.reason] += 1
+            log.info("refused ledger gossip (%s)", exc)
+            return None
+        self._seen.add(signed.id)
+        self.stats.accepted["ledger"] += 1
+        return signed
+
+
+def refuse_reason(exc: BaseException) -> str:
+    """The stats reason of an exception raised while checking a message."""
+    if isinstance(exc, Refused):
+        return exc.reason
+    if isinstance(exc, SwarmError):
+        return _classify(exc)
+    return "malformed"
+
+
+__all__ = [
+    "LEDGER_MAX_BYTES",
+    "POLICY_MAX_BYTES",
+    "REASONS",
+    "GossipStats",
+    "LedgerGate",
+    "PolicyGate",
+    "PolicyTracker",
+    "Refused",
+    "SeenIds",
+]

@@ -1,0 +1,108 @@
+"""Build a py-libp2p host whose peer ID is the node key's, and parse user-given addresses.
+
+TCP + Noise + yamux (py-libp2p's defaults), a resource manager with connection limits, identify
+and ping. Every libp2p type stays behind this module and ``swarm.net.overlay``; what a user typed
+wrong comes back as ``ConfigError`` before any socket is opened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import multiaddr
+from libp2p import new_host
+from libp2p.crypto.ed25519 import Ed25519PrivateKey
+from libp2p.crypto.keys import KeyPair
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.rcmgr import new_resource_manager
+from libp2p.rcmgr.connection_limits import ConnectionLimits
+
+from swarm.errors import ConfigError
+from swarm.identity import NodeKey, public_from_peer_id
+
+DEFAULT_LISTEN = ("/ip4/0.0.0.0/tcp/4001",)
+
+
+@dataclass(frozen=True, slots=True)
+class HostLimits:
+    """Connection limits handed to py-libp2p's resource manager."""
+
+    max_connections: int = 256
+    max_per_peer: int = 4
+    max_pending_inbound: int = 64
+
+
+def key_pair(key: NodeKey) -> KeyPair:
+    """The libp2p key pair of a node key (same Ed25519 key, so the same peer ID)."""
+    private = Ed25519PrivateKey.from_bytes(key.seed)
+    return KeyPair(private, private.get_public_key())
+
+
+def parse_multiaddr(text: str) -> Any:
+    """A ``multiaddr.Multiaddr``; ``ConfigError`` naming the address if it is malformed."""
+    try:
+        return multiaddr.Multiaddr(text)
+    except Exception as exc:  # the multiaddr package raises several unrelated types
+        raise ConfigError(f"{text!r} is not a valid multiaddr: {exc}") from exc
+
+
+def parse_peer_addr(text: str) -> PeerInfo:
+    """A dialable peer address ``/ip4/.../tcp/.../p2p/<peer id>``; ``ConfigError`` otherwise."""
+    addr = parse_multiaddr(text)
+    try:
+        info = info_from_p2p_addr(addr)
+    except Exception as exc:
+        raise ConfigError(
+            f"{text!r} is not a dialable peer address; it needs a transport part and a"
+            " /p2p/<peer id> part, e.g. /ip4/203.0.113.5/tcp/4001/p2p/12D3KooW..."
+        ) from exc
+    if not info.addrs:
+        raise ConfigError(f"{text!r} names a peer but no address to dial it at")
+    return info
+
+
+def check_peer_id(text: str) -> ID:
+    """A libp2p ``ID`` from its base58 form; ``ConfigError`` if it is not an Ed25519 peer ID."""
+    try:
+        public_from_peer_id(text)
+        return ID.from_base58(text)
+    except Exception as exc:
+        raise ConfigError(f"{text[:60]!r} is not an Ed25519 peer ID") from exc
+
+
+def build_host(key: NodeKey, listen: Sequence[str], limits: HostLimits | None = None) -> Any:
+    """A py-libp2p ``BasicHost`` for ``key``, not yet listening (``host.run(addrs)`` does that).
+
+    Raises ``ConfigError`` for a malformed listen address.
+    """
+    limits = limits or HostLimits()
+    addrs = [parse_multiaddr(a) for a in listen]
+    rcmgr = new_resource_manager(
+        connection_limits=ConnectionLimits(
+            max_established_total=limits.max_connections,
+            max_established_per_peer=limits.max_per_peer,
+            max_pending_inbound=limits.max_pending_inbound,
+        ),
+        enable_metrics=False,
+    )
+    host = new_host(key_pair=key_pair(key), listen_addrs=addrs, resource_manager=rcmgr)
+    if host.get_id().to_base58() != key.peer_id:  # pragma: no cover - a py-libp2p change
+        raise ConfigError("py-libp2p derived another peer ID from the node key")
+    return host
+
+
+def listen_addrs(listen: Sequence[str]) -> list[Any]:
+    return [parse_multiaddr(a) for a in listen]
+
+
+def full_addrs(host: Any) -> list[str]:
+    """The host's dialable addresses, each ending in ``/p2p/<peer id>``."""
+    peer = host.get_id().to_base58()
+    out = []
+    for addr in host.get_addrs():
+        text = str(addr)
+        out.append(text if "/p2p/" in text else f"{text}/p2p/{peer}")
+    return out

@@ -1,0 +1,192 @@
+"""Who is in a run: publish our signed RoleAdvert and find the others by role.
+
+A node stores its RoleAdvert in the DHT under ``/swarm-node/<run>/advert/<peer>`` and announces
+itself as a provider of its role's key; both are refreshed well before the advert expires (a
+third of its lifetime). Lookups go the other way: providers of a role's key, then each
+provider's advert, checked again here (signed by the peer it describes, unexpired, the role it
+was found under, and for trainers and validators named by the genesis), because provider records
+are unsigned and anyone may claim to provide any key.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from swarm.errors import NotAuthorizedError, SwarmError
+from swarm.identity import NodeKey
+from swarm.messages import ROLES, Role, RoleAdvert, Signed, sign
+from swarm.net.names import role_provider_key
+from swarm.net.overlay import Overlay
+from swarm.net.records import check_advert
+
+log = logging.getLogger(__name__)
+
+RUN_ROLES: tuple[Role, ...] = tuple(r for r in ROLES if r != "bootstrap")
+
+
+@dataclass
+class MembershipConfig:
+    software: str = "swarm-node"
+    advert_ttl_s: float = 600.0
+    discover_every_s: float = 2.0
+    capabilities: Mapping[str, Any] = field(default_factory=dict)
+
+
+def authorize(
+    role: Role, peer_id: str, trainers: Collection[str], validators: Collection[str]
+) -> None:
+    """``NotAuthorizedError`` when ``peer_id`` may not hold ``role`` under the genesis."""
+    if role == "trainer" and peer_id not in trainers:
+        raise NotAuthorizedError(
+            f"{peer_id} is not a trainer of this run (the genesis names"
+            f" {len(trainers)} trainer(s)); join as --role inference, or ask the run owner"
+        )
+    if role == "validator" and peer_id not in validators:
+        raise NotAuthorizedError(
+            f"{peer_id} is not a validator of this run (the genesis names"
+            f" {len(validators)} validator(s)); join as --role inference, or ask the run owner"
+        )
+
+
+class Membership:
+    """Our advert in a run, and the adverts of the peers we found, by role."""
+
+    def __init__(
+        self,
+        overlay: Overlay,
+        key: NodeKey,
+        run_id: str,
+        role: Role,
+        *,
+        trainers: Collection[str],
+        validators: Collection[str],
+        config: MembershipConfig | None = None,
+    ) -> None:
+        authorize(role, key.peer_id, trainers, validators)
+        self.overlay = overlay
+        self.key = key
+        self.run_id = run_id
+        self.role = role
+        self.trainers = frozenset(trainers)
+        self.validators = frozenset(validators)
+        self.config = config or MembershipConfig()
+        self.mine: Signed[RoleAdvert] | None = None
+        self._issued: set[int] = set()
+        self._peers: dict[str, Signed[RoleAdvert]] = {}
+        self.rejected_adverts = 0
+        self.duplicate_warnings: list[str] = []
+        self.found = trio.Event()
+
+    def make_advert(self) -> Signed[RoleAdvert]:
+        now = self.overlay.config.clock()
+        issued = max(now, max(self._issued, default=0) + 1)  # strictly newer than the last
+        self._issued.add(issued)
+        advert = RoleAdvert(
+            run_id=self.run_id,
+            peer_id=self.key.peer_id,
+            role=self.role,
+            software=self.config.software,
+            addrs=tuple(self.overlay.addrs()),
+            issued_at=issued,
+            expires_at=issued + int(self.config.advert_ttl_s * 1000),
+            capabilities=dict(self.config.capabilities),
+        )
+        return sign(advert, self.key)
+
+    async def publish(self) -> Signed[RoleAdvert]:
+        """Store a fresh advert and our provider record for our role."""
+        signed = self.make_advert()
+        await self.overlay.put_advert(signed)
+        await self.overlay.provide(role_provider_key(self.run_id, self.role))
+        self.mine = signed
+        return signed
+
+    def _accept(self, raw_role: Role, signed: Signed[RoleAdvert]) -> bool:
+        advert = signed.message
+        if advert.run_id != self.run_id or advert.role != raw_role:
+            return False
+        try:
+            authorize(advert.role, advert.peer_id, self.trainers, self.validators)
+        except NotAuthorizedError as exc:
+            log.warning("ignoring advert: %s", exc)
+            return False
+        return True
+
+    async def discover(self) -> dict[str, list[str]]:
+        """Look every role up once; returns ``peers_by_role()``."""
+        for role in RUN_ROLES:
+            for peer in await self.overlay.find_providers(role_provider_key(self.run_id, role)):
+                if peer == self.key.peer_id:
+                    continue
+                signed = await self.overlay.get_advert(self.run_id, peer)
+                if signed is None or not self._accept(role, signed):
+                    self.rejected_adverts += 1
+                    continue
+                known = self._peers.get(peer)
+                if known is None or known.message.issued_at < signed.message.issued_at:
+                    if known is None:
+                        log.info("found %s %s at %s", role, peer, ", ".join(signed.message.addrs))
+                    self._peers[peer] = signed
+                    self.found.set()
+        return self.peers_by_role()
+
+    def peers_by_role(self) -> dict[str, list[str]]:
+        """Peers with an unexpired advert, by role (we are not in it)."""
+        now = self.overlay.config.clock()
+        out: dict[str, list[str]] = {role: [] for role in RUN_ROLES}
+        for peer, signed in list(self._peers.items()):
+            if signed.message.expires_at <= now:
+                log.info("advert of %s %s expired", signed.message.role, peer)
+                del self._peers[peer]
+                continue
+            out[signed.message.role].append(peer)
+        return {role: sorted(peers) for role, peers in out.items()}
+
+    def advert_of(self, peer_id: str) -> Signed[RoleAdvert] | None:
+        return self._peers.get(peer_id)
+
+    async def check_duplicate(self) -> str | None:
+        """Warn loudly when a live advert for our peer ID, not issued by this process, is in
+        the DHT: another node runs with our key."""
+        now = self.overlay.config.clock()
+        for raw in await self.overlay.remote_adverts(self.run_id, self.key.peer_id):
+            try:
+                signed = check_advert(raw, now_ms=now)
+            except SwarmError:
+                continue
+            if signed.message.issued_at in self._issued:
+                continue
+            mine = set(self.mine.message.addrs) if self.mine else set()
+            if set(signed.message.addrs) == mine:
+                continue
+            warning = (
+                f"ANOTHER NODE IS RUNNING WITH THIS KEY ({self.key.peer_id}) at"
+                f" {', '.join(signed.message.addrs) or 'unknown addresses'}; two nodes with"
+                " one key fight over its records and its ledger balance: stop one of them"
+            )
+            if warning not in self.duplicate_warnings:
+                self.duplicate_warnings.append(warning)
+                log.error(warning)
+            return warning
+        return None
+
+    async def run(self) -> None:
+        """Publish now and keep advert, provider record and peer list fresh until cancelled."""
+        refresh_every = self.config.advert_ttl_s / 3
+        next_refresh = trio.current_time()
+        while True:
+            if trio.current_time() >= next_refresh:
+                try:
+                    await self.publish()
+                    next_refresh = trio.current_time() + refresh_every
+                except SwarmError as exc:
+                    log.warning("refreshing our RoleAdvert failed (%s); retrying soon", exc)
+                    next_refresh = trio.current_time() + min(5.0, refresh_every)
+                await self.check_duplicate()
+            await self.discover()
+            await trio.sleep(self.config.discover_every_s)

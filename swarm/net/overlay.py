@@ -1,0 +1,248 @@
+"""The libp2p overlay of one node: host, Kademlia DHT, GossipSub, AutoNAT, with our validators.
+
+``Overlay.start`` is an async context manager; leaving it (normally, by error or by
+cancellation) stops every service and closes every connection. Nothing here knows about roles
+or runs beyond the names and validators it is given: ``node.runtime`` builds on it.
+
+py-libp2p choices made here, each for a reason:
+- GossipSub v1.1 with a heartbeat of about 1 s and adaptive gossip off (it would stretch the
+  heartbeat to 30-60 s when the mesh looks unhealthy), StrictSign on;
+- the DHT in server mode when reachable, with ``RoleAdvertValidator`` on the ``swarm-node``
+  namespace and strict validation (records in namespaces nobody validates are refused);
+- AutoNAT served by every node; a node asks its bootstrap peers whether it is reachable and
+  moves its DHT to client mode when they say it is not.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from libp2p.host.autonat.autonat import AutoNATService, AutoNATStatus
+from libp2p.host.ping import PingService
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.peer.id import ID
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.records.pubkey import PublicKeyValidator
+from libp2p.records.validator import NamespacedValidator
+from libp2p.tools.anyio_service.context import background_trio_service
+
+from swarm.errors import NetworkError, SwarmError
+from swarm.identity import NodeKey
+from swarm.messages import RoleAdvert, Signed
+from swarm.net.dial import DialPolicy, DialReport, dial_bootstrap
+from swarm.net.host import HostLimits, build_host, full_addrs, listen_addrs
+from swarm.net.names import NAMESPACE, advert_key
+from swarm.net.records import Clock, RoleAdvertValidator, check_advert, wall_clock_ms
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DIAL = DialPolicy()
+
+Gate = Callable[[bytes], bool]
+"""A topic gate: ``True`` accepts (deliver and forward) the message data, ``False`` drops it."""
+
+
+@dataclass(frozen=True)
+class OverlayConfig:
+    listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",)
+    heartbeat: float = 1.0
+    dht_server: bool = True
+    limits: HostLimits = field(default_factory=HostLimits)
+    clock: Clock = wall_clock_ms
+    gossip_degree: tuple[int, int, int] = (6, 4, 12)
+
+
+class Overlay:
+    """A started libp2p host with DHT and gossip (use ``Overlay.start``)."""
+
+    def __init__(self, key: NodeKey, config: OverlayConfig) -> None:
+        self.key = key
+        self.config = config
+        self.host: Any = build_host(key, config.listen, config.limits)
+        self.advert_validator = RoleAdvertValidator(config.clock)
+        validator = NamespacedValidator(
+            {"pk": PublicKeyValidator(), NAMESPACE: self.advert_validator},
+            strict_validation=True,
+        )
+        self.dht: Any = KadDHT(
+            self.host,
+            DHTMode.SERVER if config.dht_server else DHTMode.CLIENT,
+            validator=validator,
+            strict_validation=True,
+        )
+        d, lo, hi = config.gossip_degree
+        self.gossipsub: Any = GossipSub(
+            [PROTOCOL_ID_V11, PROTOCOL_ID],
+            degree=d,
+            degree_low=lo,
+            degree_high=hi,
+            heartbeat_interval=config.heartbeat,  # type: ignore[arg-type]
+            heartbeat_initial_delay=min(0.1, config.heartbeat),
+            adaptive_gossip_enabled=False,
+            eclipse_protection_enabled=False,
+        )
+        self.pubsub: Any = Pubsub(self.host, self.gossipsub, strict_signing=True)
+        self.autonat: Any = AutoNATService(self.host, serve=True)
+        self.ping: Any = PingService(self.host)
+        self._subscriptions: dict[str, Any] = {}
+
+    @classmethod
+    @asynccontextmanager
+    async def start(
+        cls, key: NodeKey, config: OverlayConfig | None = None
+    ) -> AsyncIterator[Overlay]:
+        """Listen, start DHT and gossip; stop them all on exit. ``NetworkError`` when the
+        listen address cannot be bound."""
+        overlay = cls(key, config or OverlayConfig())
+        async with AsyncExitStack() as stack:
+            try:
+                await stack.enter_async_context(
+                    overlay.host.run(listen_addrs(overlay.config.listen))
+                )
+            except OSError as exc:
+                raise NetworkError(
+                    f"cannot listen on {', '.join(overlay.config.listen)}: {exc.strerror or exc}"
+                ) from exc
+            await stack.enter_async_context(background_trio_service(overlay.pubsub))
+            await stack.enter_async_context(background_trio_service(overlay.gossipsub))
+            await stack.enter_async_context(background_trio_service(overlay.dht))
+            await overlay.pubsub.wait_until_ready()
+            yield overlay
+
+    # -- identity and peers -------------------------------------------------------------------
+
+    @property
+    def peer_id(self) -> str:
+        return self.key.peer_id
+
+    def addrs(self) -> list[str]:
+        """Dialable addresses, each with ``/p2p/<peer id>``."""
+        return full_addrs(self.host)
+
+    def connected_peers(self) -> list[str]:
+        return [str(p) for p in self.host.get_connected_peers()]
+
+    def reachability(self) -> str:
+        status = self.autonat.get_status()
+        return {AutoNATStatus.PUBLIC: "public", AutoNATStatus.PRIVATE: "private"}.get(
+            status, "unknown"
+        )
+
+    async def dial(self, addrs: Sequence[str], policy: DialPolicy = DEFAULT_DIAL) -> DialReport:
+        """Dial bootstrap peers (see ``dial_bootstrap``) and seed the DHT's routing table."""
+        report = await dial_bootstrap(self.host, addrs, policy)
+        for addr in report.connected:
+            peer = ID.from_base58(addr.rsplit("/p2p/", 1)[1])
+            await self.dht.add_peer(peer, skip_server_mode_check=True)
+        with trio.move_on_after(policy.timeout):
+            await self.dht.refresh_routing_table()
+        return report
+
+    async def check_reachability(self) -> str:
+        """Ask connected peers (AutoNAT) whether we are dialable; on "private", move the DHT to
+        client mode so that peers stop routing queries to a node they cannot reach."""
+        peers = list(self.host.get_connected_peers())
+        if peers:
+            try:
+                await self.autonat.check_reachability(peers)
+            except Exception as exc:
+                log.debug("AutoNAT check failed: %s", exc)
+        if self.reachability() == "private" and self.dht.mode == DHTMode.SERVER:
+            log.warning("AutoNAT: peers cannot dial us back; DHT moves to client mode")
+            await self.dht.switch_mode(DHTMode.CLIENT)
+        return self.reachability()
+
+    # -- DHT ------------------------------------------------------------------------------------
+
+    async def put_advert(self, signed: Signed[RoleAdvert]) -> None:
+        key = advert_key(signed.message.run_id, signed.message.peer_id)
+        try:
+            await self.dht.put_value(key, signed.raw)
+        except SwarmError:
+            raise
+        except Exception as exc:
+            raise NetworkError(f"publishing the RoleAdvert failed: {exc}") from exc
+
+    async def get_advert(self, run_id: str, peer_id: str) -> Signed[RoleAdvert] | None:
+        """The peer's newest valid RoleAdvert, checked again here (py-libp2p returns a locally
+        stored record without validating it)."""
+        key = advert_key(run_id, peer_id)
+        try:
+            raw = await self.dht.get_value(key)
+        except Exception as exc:
+            log.debug("get_value %s failed: %s", key, exc)
+            return None
+        if raw is None:
+            return None
+        try:
+            return check_advert(raw, key=key, now_ms=self.config.clock())
+        except SwarmError:
+            return None
+
+    async def remote_adverts(self, run_id: str, peer_id: str, limit: int = 8) -> list[bytes]:
+        """The advert records that connected peers hold for ``peer_id`` (skipping our own
+        store), to notice another live node with the same key."""
+        key = advert_key(run_id, peer_id).encode()
+        out: list[bytes] = []
+        for peer in list(self.host.get_connected_peers())[:limit]:
+            try:
+                with trio.move_on_after(2):
+                    value = await self.dht.value_store._get_from_peer(peer, key)
+                    if isinstance(value, bytes):
+                        out.append(value)
+            except Exception:
+                continue
+        return out
+
+    async def provide(self, key: str) -> None:
+        try:
+            await self.dht.provide(key)
+        except Exception as exc:
+            raise NetworkError(f"publishing a provider record failed: {exc}") from exc
+
+    async def find_providers(self, key: str, count: int = 64) -> list[str]:
+        """Peer IDs (deduplicated) that announced themselves under ``key``."""
+        try:
+            infos = await self.dht.find_providers(key, count)
+        except Exception as exc:
+            log.debug("find_providers failed: %s", exc)
+            return []
+        return list(dict.fromkeys(str(info.peer_id) for info in infos))
+
+    # -- gossip ---------------------------------------------------------------------------------
+
+    def set_gate(self, topic: str, gate: Gate) -> None:
+        """Validate every message of ``topic`` (ours included) with ``gate``."""
+
+        def validator(_forwarder: Any, msg: Any) -> bool:
+            try:
+                return bool(gate(bytes(msg.data)))
+            except Exception:  # a gate bug drops the message, never the node
+                log.exception("topic gate for %s failed", topic)
+                return False
+
+        self.pubsub.set_topic_validator(topic, validator, False)
+
+    async def subscribe(self, topic: str) -> Any:
+        """Subscribe; the result's ``await sub.get()`` yields accepted messages (``.data``)."""
+        if topic not in self._subscriptions:
+            self._subscriptions[topic] = await self.pubsub.subscribe(topic)
+        return self._subscriptions[topic]
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        try:
+            await self.pubsub.publish(topic, data)
+        except Exception as exc:
+            raise NetworkError(f"publishing on {topic} failed: {exc}") from exc
+
+    def topic_peers(self, topic: str) -> list[str]:
+        return [str(p) for p in self.pubsub.peer_topics.get(topic, ())]
+
+    def mesh_peers(self, topic: str) -> list[str]:
+        return [str(p) for p in self.gossipsub.mesh.get(topic, ())]

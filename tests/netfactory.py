@@ -1,0 +1,143 @@
+"""Start many real nodes on 127.0.0.1 in one trio run, and wait for conditions with deadlines.
+
+    async with NetFactory(trainers=1, validators=1) as net:
+        boot = await net.bootstrap()
+        a = await net.node("trainer")              # key net.trainer_keys[0], joins via boot
+        await wait_until(lambda: a.peers_by_role()["inference"], 10)
+
+Every node stops when the factory's block ends, in reverse order of start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from bootstrap.service import BootstrapConfig, BootstrapPeer
+from node.home import NodeHome
+from node.run import create_genesis
+from node.runtime import Node, RuntimeConfig
+from swarm.identity import NodeKey
+from swarm.net import DialPolicy
+
+LOOPBACK = ("/ip4/127.0.0.1/tcp/0",)
+FAST_DIAL = DialPolicy(attempts=3, timeout=3.0, backoff=0.1, max_backoff=0.5)
+
+
+def key_named(name: str) -> NodeKey:
+    return NodeKey.from_seed(hashlib.sha256(name.encode()).digest())
+
+
+async def wait_until(
+    condition: Callable[[], Any | Awaitable[Any]], timeout: float, poll: float = 0.05
+) -> Any:
+    """Poll ``condition`` until it is truthy (returned) or ``timeout`` seconds pass (fails)."""
+    with trio.fail_after(timeout):
+        while True:
+            value = condition()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return value
+            await trio.sleep(poll)
+
+
+class NetFactory:
+    def __init__(
+        self,
+        trainers: int = 1,
+        validators: int = 1,
+        *,
+        heartbeat: float = 0.2,
+        discover_every_s: float = 0.3,
+        home_root: Path | None = None,
+    ) -> None:
+        self.owner = key_named("owner")
+        self.trainer_keys = [key_named(f"trainer-{i}") for i in range(trainers)]
+        self.validator_keys = [key_named(f"validator-{i}") for i in range(validators)]
+        self.genesis = create_genesis(
+            self.owner,
+            name="test-run",
+            trainers=[k.peer_id for k in self.trainer_keys],
+            validators=[k.peer_id for k in self.validator_keys],
+            created_at=1,
+        )
+        self.heartbeat = heartbeat
+        self.discover_every_s = discover_every_s
+        self.home_root = home_root
+        self.nodes: list[Node] = []
+        self.boot: BootstrapPeer | None = None
+        self._stack = AsyncExitStack()
+        self._count = 0
+
+    async def __aenter__(self) -> NetFactory:
+        await self._stack.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._stack.__aexit__(*exc)
+
+    async def bootstrap(self, key: NodeKey | None = None) -> BootstrapPeer:
+        self.boot = await self._stack.enter_async_context(
+            BootstrapPeer.start(
+                BootstrapConfig(
+                    key=key or key_named("bootstrap"),
+                    listen=LOOPBACK,
+                    heartbeat=self.heartbeat,
+                    genesis=(self.genesis,),
+                )
+            )
+        )
+        return self.boot
+
+    def config(
+        self,
+        role: str,
+        key: NodeKey | None = None,
+        *,
+        bootstrap: list[str] | None = None,
+        home: bool = False,
+        **extra: Any,
+    ) -> RuntimeConfig:
+        self._count += 1
+        if key is None:
+            if role == "trainer":
+                key = self.trainer_keys[0]
+            elif role == "validator":
+                key = self.validator_keys[0]
+            else:
+                key = key_named(f"inference-{self._count}")
+        if bootstrap is None:
+            bootstrap = self.boot.addrs()[:1] if self.boot else []
+        node_home = None
+        if home:
+            assert self.home_root is not None
+            node_home = NodeHome(self.home_root / f"n{self._count}")
+        return RuntimeConfig(
+            key=key,
+            genesis=self.genesis,
+            role=role,  # type: ignore[arg-type]
+            listen=LOOPBACK,
+            bootstrap=bootstrap,
+            home=node_home,
+            heartbeat=self.heartbeat,
+            discover_every_s=self.discover_every_s,
+            dial=FAST_DIAL,
+            **extra,
+        )
+
+    async def node(self, role: str, key: NodeKey | None = None, **kw: Any) -> Node:
+        node = await self._stack.enter_async_context(Node.start(self.config(role, key, **kw)))
+        self.nodes.append(node)
+        return node
+
+    async def start_config(self, config: RuntimeConfig) -> Node:
+        node = await self._stack.enter_async_context(Node.start(config))
+        self.nodes.append(node)
+        return node
