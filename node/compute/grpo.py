@@ -1,0 +1,294 @@
+"""Asynchronous GRPO with the INTELLECT-2 recipe, on a transformers causal LM (CPU or GPU).
+
+Per group of G samples of one prompt: advantage ``(r - mean) / (std + 1e-6)``; groups whose
+advantages are all zero carry no signal and are dropped (the online filter). The loss is
+token-level, summed over every completion token and divided by a fixed ``samples * max_tokens``
+(so long and short completions weigh the same per token), with two-sided clipping::
+
+    ratio = exp(logp_new - logp_old)
+    loss_t = -min(min(ratio, delta) * A, clip(ratio, 1 - eps, 1 + eps) * A)
+
+``delta`` caps the ratio where plain PPO clipping does not (negative advantages, ratio >> 1),
+which INTELLECT-2 found necessary for stability. An entropy bonus is subtracted, KL is off by
+default, and the gradient norm is clipped. ``logp_old`` is recomputed by the trainer with the
+weights of the version that generated each sample (kept for the async window), never taken from
+a worker.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swarm.errors import ConfigError, StorageError
+from swarm.messages import RunParams
+
+
+@dataclass(frozen=True)
+class Group:
+    """G completions of one prompt, their rewards, and the policy version that sampled them."""
+
+    prompt: list[int]
+    completions: list[list[int]]
+    rewards: list[float]
+    version: int
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    learning_rate: float = 1e-4
+    clip_epsilon: float = 0.2
+    clip_delta: float = 4.0
+    entropy_coef: float = 0.001
+    kl_coef: float = 0.0
+    max_grad_norm: float = 0.1
+    max_tokens: int = 32
+
+    @classmethod
+    def from_params(cls, params: RunParams) -> GRPOConfig:
+        return cls(
+            learning_rate=params.learning_rate,
+            clip_epsilon=params.clip_epsilon,
+            clip_delta=params.clip_delta,
+            entropy_coef=params.entropy_coef,
+            kl_coef=params.kl_coef,
+            max_grad_norm=params.max_grad_norm,
+            max_tokens=params.max_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class StepStats:
+    version: int
+    """The version this step produced."""
+    sampled_by: int
+    """The newest policy version among the step's samples."""
+    mean_reward: float
+    kept_groups: int
+    total_groups: int
+    samples: int
+    tokens: int
+    loss: float
+    grad_norm: float
+    clip_fraction: float
+    entropy: float
+
+    @property
+    def kept_fraction(self) -> float:
+        return self.kept_groups / self.total_groups if self.total_groups else 0.0
+
+
+def group_advantages(rewards: Sequence[float]) -> list[float]:
+    """``(r - mean) / (std + 1e-6)`` with the population std, as GRPO defines it."""
+    n = len(rewards)
+    mean = sum(rewards) / n
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
+    return [(r - mean) / (std + 1e-6) for r in rewards]
+
+
+class GRPOTrainer:
+    """Owns the policy being trained, its optimizer, and the weights of recent versions.
+
+    ``step(groups)`` makes one optimizer step and advances ``version`` by one. Weights of the last
+    ``keep_versions`` versions stay in memory (on the CPU) to recompute ``logp_old`` of samples
+    made by them; samples of older versions are refused (``ConfigError``): the caller filters
+    them by the async window first.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        config: GRPOConfig,
+        *,
+        version: int = 0,
+        keep_versions: int = 3,
+        pad_id: int = 0,
+    ) -> None:
+        self.model = model.train()
+        self.config = config
+        self.version = version
+        self.keep_versions = max(1, keep_versions)
+        self.pad_id = pad_id
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=config.learning_rate, betas=(0.9, 0.99), weight_decay=0.0
+        )
+        self._snapshots: dict[int, dict[str, torch.Tensor]] = {version: self._cpu_state()}
+        self._old_model: Any = None
+
+    def _cpu_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    @property
+    def held_versions(self) -> list[int]:
+        """Versions whose weights are kept to recompute ``logp_old``."""
+        return sorted(self._snapshots)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The current policy's weights (CPU copies), e.g. for ``safetensors.torch.save_file``."""
+        return self._snapshots[self.version]
+
+    def _batch(self, prompts: list[list[int]], completions: list[list[int]]) -> tuple[Any, ...]:
+        device = next(self.model.parameters()).device
+        rows = [p + c for p, c in zip(prompts, completions, strict=True)]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        targets = torch.zeros((len(rows), width - 1), dtype=torch.bool)
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+            ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+            attention[i, : len(p) + len(c)] = 1
+            # logits at position k predict token k + 1: completion tokens are k + 1 >= len(p).
+            targets[i, len(p) - 1 : len(p) + len(c) - 1] = True
+        return ids.to(device), attention.to(device), targets.to(device)
+
+    def _logprobs(self, model: Any, ids: Any, attention: Any) -> tuple[Any, Any]:
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logp = logp_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logp, entropy
+
+    def _old_logprobs(self, version: int, ids: Any, attention: Any) -> Any:
+        if version not in self._snapshots:
+            raise ConfigError(
+                f"samples of version {version} are outside the trainer's window"
+                f" (holds {sorted(self._snapshots)})"
+            )
+        if self._old_model is None:
+            self._old_model = copy.deepcopy(self.model).eval()
+        self._old_model.load_state_dict(self._snapshots[version])
+        with torch.no_grad():
+            return self._logprobs(self._old_model, ids, attention)[0]
+
+    def step(self, groups: Sequence[Group]) -> StepStats:
+        """One optimizer step on ``groups``; returns what happened. Always advances the version
+        (a batch with no signal leaves the weights unchanged but is still a step)."""
+        cfg = self.config
+        rewards = [r for g in groups for r in g.rewards]
+        kept = [g for g in groups if len(g.rewards) > 1 and max(g.rewards) != min(g.rewards)]
+        stats: dict[str, float] = {"loss": 0.0, "grad_norm": 0.0, "clip": 0.0, "entropy": 0.0}
+        samples = sum(len(g.completions) for g in kept)
+        tokens = 0
+        if kept:
+            self.optimizer.zero_grad(set_to_none=True)
+            ids, attention, mask = self._batch(
+                [g.prompt for g in kept for _ in g.completions],
+                [c for g in kept for c in g.completions],
+            )
+            advantages = torch.tensor(
+                [a for g in kept for a in group_advantages(g.rewards)], device=ids.device
+            ).unsqueeze(-1)
+            logp, entropy = self._logprobs(self.model, ids, attention)
+            old = torch.empty_like(logp)
+            row = 0
+            for g in kept:
+                rows = slice(row, row + len(g.completions))
+                if g.version == self.version:
+                    old[rows] = logp[rows].detach()
+                else:
+                    old[rows] = self._old_logprobs(g.version, ids[rows], attention[rows])
+                row += len(g.completions)
+            ratio = torch.exp(logp - old)
+            surrogate = torch.minimum(
+                torch.clamp(ratio, max=cfg.clip_delta) * advantages,
+                torch.clamp(ratio, 1 - cfg.clip_epsilon, 1 + cfg.clip_epsilon) * advantages,
+            )
+            norm = samples * cfg.max_tokens
+            maskf = mask.float()
+            loss = -(surrogate * maskf).sum() / norm
+            mean_entropy = (entropy * maskf).sum() / norm
+            loss = loss - cfg.entropy_coef * mean_entropy
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+            self.optimizer.step()
+            tokens = int(mask.sum())
+            clipped = ((ratio - 1).abs() > cfg.clip_epsilon) & mask
+            stats = {
+                "loss": float(loss.detach()),
+                "grad_norm": float(grad_norm),
+                "clip": float(clipped.sum()) / max(tokens, 1),
+                "entropy": float((entropy * maskf).sum()) / max(tokens, 1),
+            }
+        self.version += 1
+        self._snapshots[self.version] = self._cpu_state()
+        for old_version in sorted(self._snapshots)[: -self.keep_versions]:
+            del self._snapshots[old_version]
+        return StepStats(
+            version=self.version,
+            sampled_by=max((g.version for g in groups), default=self.version - 1),
+            mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
+            kept_groups=len(kept),
+            total_groups=len(groups),
+            samples=samples,
+            tokens=tokens,
+            loss=stats["loss"],
+            grad_norm=stats["grad_norm"],
+            clip_fraction=stats["clip"],
+            entropy=stats["entropy"],
+        )
+
+    def rollback(self, version: int) -> None:
+        """Return to the weights of ``version`` (kept in the window); the optimizer restarts."""
+        if version not in self._snapshots:
+            held = sorted(self._snapshots)
+            raise ConfigError(f"version {version} is no longer held; holds {held}")
+        self.model.load_state_dict(self._snapshots[version])
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.config.learning_rate, betas=(0.9, 0.99)
+        )
+        self.version = version
+
+    def save_checkpoint(self, path: Path) -> None:
+        """Model, optimizer and version, written atomically (tmp file + rename)."""
+        tmp = path.with_name(path.name + ".tmp")
+        state = {
+            "version": self.version,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "snapshots": self._snapshots,
+        }
+        try:
+            torch.save(state, tmp)
+            tmp.replace(path)
+        except OSError as exc:
+            raise StorageError(f"cannot write trainer checkpoint {path}: {exc.strerror}") from exc
+
+    def load_checkpoint(self, path: Path) -> None:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise StorageError(f"cannot read trainer checkpoint {path}: {exc}") from exc
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        self._snapshots = dict(state["snapshots"])
+
+
+class CollapseGuard:
+    """Watches for the collapse the design describes: reward falls to zero, every group has zero
+    advantage, and no signal is left. After ``patience`` such steps in a row, ``observe`` answers
+    the version to roll back to: the newest one whose own samples still earned reward."""
+
+    def __init__(self, patience: int = 3) -> None:
+        self.patience = patience
+        self.last_good: int | None = None
+        self._dead_steps = 0
+
+    def observe(self, stats: StepStats) -> int | None:
+        dead = stats.kept_groups == 0 and stats.mean_reward == 0.0
+        if not dead:
+            self._dead_steps = 0
+            if stats.mean_reward > 0:
+                self.last_good = stats.sampled_by
+            return None
+        self._dead_steps += 1
+        if self._dead_steps >= self.patience and self.last_good is not None:
+            self._dead_steps = 0
+            return self.last_good
+        return None
