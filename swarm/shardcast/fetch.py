@@ -1,0 +1,429 @@
+"""Fetching a policy version from many providers at once.
+
+The scheduler knows nothing about sockets: it drives a ``ShardSource`` (the data channel, a
+libp2p stream, or a test double) and owns every decision:
+
+- the manifest is checked (signature, genesis trainer, run, version) before any shard is asked
+  for (``verify_manifest``);
+- ``concurrency`` shard pulls run at once, each from a provider chosen by ``PeerBoard``
+  (throughput and success averages, weighted random choice with exploration);
+- every byte goes through a ``ShardSink`` that hashes it and writes it at its offset in the
+  preallocated file; a shard counts only when its length and sha256 match the manifest, and it
+  is fsynced and journalled before the next one is trusted to be on disk;
+- a stall (no byte for ``stall_timeout`` seconds) cancels the pull; a corrupt or truncated shard
+  drops that peer for the version at once, other failures spend its ``failure_budget``; the
+  shard goes back in the queue for another provider;
+- providers that hold only part of the version (nodes still fetching it) say which shards they
+  hold (``have``); the scheduler asks again every ``have_refresh`` seconds.
+
+Cancellation leaves the store consistent: verified shards stay verified, nothing is marked
+complete, and the next fetch resumes where this one stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import trio
+
+from swarm.errors import (
+    NetworkError,
+    NotAuthorizedError,
+    PeerError,
+    StorageError,
+    SwarmError,
+    ValidationError,
+)
+from swarm.messages import RunGenesis, ShardManifest, Signed, decode, run_id_of
+from swarm.shardcast.peers import PeerBoard
+from swarm.shardcast.store import ShardStore, VersionFile
+
+
+class ShardNotHeld(PeerError):
+    """The provider does not (yet) hold the shard or version asked for. Not a fault."""
+
+
+class ShardSink:
+    """Takes one shard's bytes in order, hashes them and writes them at their place.
+
+    Writing past the shard's length raises ``PeerError``. Each write pushes the pull's stall
+    deadline forward (when a cancel scope is attached).
+    """
+
+    def __init__(self, vf: VersionFile, index: int, stall_timeout: float | None = None) -> None:
+        self.index = index
+        self.offset, self.length = vf.manifest.shard_span(index)
+        self.received = 0
+        self._vf = vf
+        self._hash = hashlib.sha256()
+        self._stall = stall_timeout
+        self.scope: trio.CancelScope | None = None
+
+    def write(self, chunk: bytes | bytearray | memoryview) -> None:
+        view = memoryview(chunk)
+        if self.received + len(view) > self.length:
+            raise PeerError(f"shard {self.index}: peer sent more than its {self.length} bytes")
+        self._hash.update(view)
+        self._vf.write_at(self.offset + self.received, view)
+        self.received += len(view)
+        if self.scope is not None and self._stall is not None:
+            self.scope.deadline = trio.current_time() + self._stall
+
+    def digest(self) -> bytes:
+        return self._hash.digest()
+
+
+class ShardSource(Protocol):
+    """How the scheduler reaches providers. Every method raises only ``SwarmError``s:
+    ``ShardNotHeld`` when the peer lacks what was asked, ``PeerError``/``NetworkError``/
+    ``RequestTimeout`` for anything else that went wrong with that peer."""
+
+    async def manifest(self, peer: str, version: int | None) -> bytes:
+        """The raw signed manifest of ``version`` (``None``: the newest the peer holds)."""
+        ...
+
+    async def have(self, peer: str, version: int) -> bytes | None:
+        """One byte per shard (1 = held), or ``None`` when the peer holds the whole version."""
+        ...
+
+    async def pull(self, peer: str, version: int, index: int, sink: ShardSink) -> None:
+        """Deliver shard ``index`` into ``sink`` (all ``sink.length`` bytes, in order)."""
+        ...
+
+
+def verify_manifest(
+    raw: bytes, genesis: Signed[RunGenesis], version: int | None = None
+) -> Signed[ShardManifest]:
+    """Decode and check a manifest: signature, signer is a genesis trainer, run, version."""
+    signed = decode(raw, ShardManifest)
+    run_id = run_id_of(genesis)
+    if signed.signer not in genesis.message.trainers:
+        raise NotAuthorizedError(
+            f"manifest of version {signed.message.version} is signed by {signed.signer},"
+            f" who is not a trainer of run {run_id}"
+        )
+    if signed.message.run_id != run_id:
+        raise ValidationError(
+            f"manifest is for run {signed.message.run_id[:40]!r}, not this run {run_id}"
+        )
+    if version is not None and signed.message.version != version:
+        raise ValidationError(
+            f"asked for version {version}, the peer sent version {signed.message.version}"
+        )
+    return signed
+
+
+async def fetch_manifest(
+    source: ShardSource,
+    peers: Sequence[str],
+    genesis: Signed[RunGenesis],
+    version: int | None = None,
+) -> Signed[ShardManifest]:
+    """The newest (or the given) version's manifest from the first peer with a valid one.
+
+    With ``version=None`` every peer is asked and the highest valid version wins.
+    """
+    errors: list[str] = []
+    best: Signed[ShardManifest] | None = None
+    for peer in peers:
+        try:
+            signed = verify_manifest(await source.manifest(peer, version), genesis, version)
+        except SwarmError as exc:
+            errors.append(f"{peer}: {exc}")
+            continue
+        if best is None or signed.message.version > best.message.version:
+            best = signed
+        if version is not None:
+            break
+    if best is None:
+        what = f"version {version}" if version is not None else "any version"
+        raise PeerError(
+            f"no provider gave a valid manifest of {what}: " + ("; ".join(errors) or "no peers")
+        )
+    return best
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    concurrency: int = 4
+    stall_timeout: float = 10.0
+    failure_budget: int = 3
+    explore: float = 0.1
+    have_refresh: float = 1.0
+    give_up_after: float = 30.0
+    """Seconds without a verified shard, with no pull running, before the fetch gives up."""
+    durable: bool = True
+
+
+@dataclass
+class FetchProgress:
+    """A live view of one fetch (what the progress bar and ``status`` show)."""
+
+    version: int
+    total_bytes: int
+    shards_total: int
+    done_bytes: int = 0
+    shards_done: int = 0
+    resumed_shards: int = 0
+    fetched_bytes: int = 0
+    started_at: float = 0.0
+    elapsed: float = 0.0
+    pulls: dict[int, int] = field(default_factory=dict)
+    board: PeerBoard | None = None
+
+    @property
+    def rate(self) -> float:
+        """Bytes/s fetched by this run (resumed shards do not count)."""
+        return self.fetched_bytes / self.elapsed if self.elapsed > 0 else 0.0
+
+    def peers(self) -> list[dict[str, object]]:
+        return [s.view() for s in self.board.stats.values()] if self.board else []
+
+    def view(self) -> dict[str, object]:
+        return {
+            "version": self.version,
+            "total_bytes": self.total_bytes,
+            "done_bytes": self.done_bytes,
+            "shards": f"{self.shards_done}/{self.shards_total}",
+            "resumed_shards": self.resumed_shards,
+            "rate_mib_s": round(self.rate / (1024 * 1024), 1),
+            "peers": self.peers(),
+        }
+
+
+ProgressCallback = Callable[[FetchProgress], None]
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    version: int
+    path: Path
+    fetched_shards: int
+    resumed_shards: int
+    seconds: float
+    progress: FetchProgress
+
+
+class _Fetch:
+    def __init__(
+        self,
+        vf: VersionFile,
+        source: ShardSource,
+        peers: Sequence[str],
+        config: FetchConfig,
+        rng: random.Random,
+        on_progress: ProgressCallback | None,
+    ) -> None:
+        self.vf = vf
+        self.m = vf.manifest
+        self.source = source
+        self.config = config
+        self.board = PeerBoard(
+            failure_budget=config.failure_budget, explore=config.explore, rng=rng
+        )
+        self.board.add(peers)
+        self.holdings: dict[str, bytes | None] = {}
+        missing = vf.missing_indices()
+        rng.shuffle(missing)  # receivers fetch in different orders, so they can trade shards
+        self.pending: list[int] = missing
+        self.in_flight: set[int] = set()
+        self.changed = trio.Event()
+        n = len(self.m.shard_hashes)
+        self.progress = FetchProgress(
+            version=self.m.version,
+            total_bytes=self.m.total_size,
+            shards_total=n,
+            shards_done=n - len(missing),
+            resumed_shards=n - len(missing),
+            done_bytes=vf.verified_bytes(),
+            started_at=trio.current_time(),
+            board=self.board,
+        )
+        self.on_progress = on_progress
+        self.last_progress = trio.current_time()
+        self.error: SwarmError | None = None
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+        self.progress.elapsed = trio.current_time() - self.progress.started_at
+        if self.on_progress is not None:
+            self.on_progress(self.progress)
+
+    def _holds(self, peer: str, index: int) -> bool:
+        if peer not in self.holdings:
+            return False
+        bits = self.holdings[peer]
+        return bits is None or (index < len(bits) and bits[index] == 1)
+
+    async def _ask_have(self, peer: str) -> None:
+        try:
+            self.holdings[peer] = await self.source.have(peer, self.m.version)
+        except ShardNotHeld:
+            self.holdings[peer] = b""
+        except SwarmError as exc:
+            self.board.record_failure(peer, str(exc))
+        self._notify()
+
+    async def _refresh_holdings(self) -> None:
+        while True:
+            async with trio.open_nursery() as nursery:
+                for peer in self.board.usable():
+                    if self.holdings.get(peer, b"") is not None:
+                        nursery.start_soon(self._ask_have, peer)
+            await trio.sleep(self.config.have_refresh)
+
+    def _failure_report(self) -> str:
+        return (
+            "; ".join(
+                f"{s.peer}: {s.last_error or 'holds none of the missing shards'}"
+                for s in self.board.stats.values()
+            )
+            or "no providers"
+        )
+
+    def _next(self) -> tuple[int, str] | None:
+        for pos, index in enumerate(self.pending):
+            holders = [p for p in self.board.usable() if self._holds(p, index)]
+            peer = self.board.choose(holders)
+            if peer is not None:
+                del self.pending[pos]
+                return index, peer
+        return None
+
+    async def worker(self, scope: trio.CancelScope) -> None:
+        try:
+            await self._work()
+        except SwarmError as exc:  # the first error ends the fetch, and is what the caller sees
+            if self.error is None:
+                self.error = exc
+            scope.cancel()
+
+    async def _work(self) -> None:
+        while self.pending or self.in_flight:
+            picked = self._next()
+            if picked is None:
+                if not self.pending:
+                    await self.changed.wait()
+                    continue
+                idle = trio.current_time() - self.last_progress
+                if not self.board.usable() or (
+                    not self.in_flight and idle > self.config.give_up_after
+                ):
+                    raise PeerError(
+                        f"version {self.m.version}: every provider failed, {len(self.pending)}"
+                        f" shards missing ({self._failure_report()})"
+                    )
+                with trio.move_on_after(self.config.have_refresh):
+                    await self.changed.wait()
+                continue
+            index, peer = picked
+            self.in_flight.add(index)
+            try:
+                ok = await self._pull(index, peer)
+            finally:
+                self.in_flight.discard(index)
+            if not ok:
+                self.pending.append(index)
+            self._notify()
+
+    async def _pull(self, index: int, peer: str) -> bool:
+        sink = ShardSink(self.vf, index, self.config.stall_timeout)
+        self.board.started(peer)
+        self.progress.pulls[index] = self.progress.pulls.get(index, 0) + 1
+        start = trio.current_time()
+        try:
+            with trio.CancelScope(deadline=start + self.config.stall_timeout) as scope:
+                sink.scope = scope
+                await self.source.pull(peer, self.m.version, index, sink)
+            if scope.cancelled_caught:
+                self.board.record_failure(
+                    peer, f"stalled: no byte of shard {index} for {self.config.stall_timeout:g} s"
+                )
+                return False
+        except StorageError:
+            raise
+        except ShardNotHeld:
+            if self.holdings.get(peer) is not None:
+                bits = bytearray(self.holdings.get(peer) or bytes(len(self.m.shard_hashes)))
+                if index < len(bits):
+                    bits[index] = 0
+                self.holdings[peer] = bytes(bits)
+            return False
+        except (PeerError, NetworkError, SwarmError) as exc:
+            self.board.record_failure(peer, str(exc))
+            return False
+        finally:
+            sink.scope = None
+            self.board.finished(peer)
+        if sink.received != sink.length:
+            self.board.record_failure(
+                peer, f"truncated shard {index}: {sink.received} of {sink.length} bytes", fatal=True
+            )
+            return False
+        if sink.digest() != self.m.shard_hashes[index]:
+            self.board.record_failure(peer, f"corrupt shard {index}: sha256 mismatch", fatal=True)
+            return False
+        if self.config.durable:  # fdatasync blocks: keep it off the event loop
+            await trio.to_thread.run_sync(self.vf.mark_verified, index)
+        else:
+            self.vf.mark_verified(index, durable=False)
+        self.board.record_success(peer, sink.length, trio.current_time() - start)
+        self.progress.shards_done += 1
+        self.progress.done_bytes += sink.length
+        self.progress.fetched_bytes += sink.length
+        self.last_progress = trio.current_time()
+        return True
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._refresh_holdings)
+            async with trio.open_nursery() as workers:
+                for _ in range(max(1, self.config.concurrency)):
+                    workers.start_soon(self.worker, nursery.cancel_scope)
+            nursery.cancel_scope.cancel()
+        if self.error is not None:
+            raise self.error
+
+
+async def fetch_version(
+    store: ShardStore,
+    manifest: Signed[ShardManifest],
+    source: ShardSource,
+    peers: Sequence[str],
+    *,
+    config: FetchConfig | None = None,
+    on_progress: ProgressCallback | None = None,
+    rng: random.Random | None = None,
+) -> FetchResult:
+    """Fetch ``manifest``'s version into ``store`` from ``peers``; resumes what is on disk.
+
+    Returns when every shard is verified, fsynced and the version is marked complete (the
+    caller then advertises it and serves it). Raises ``StorageError`` (no room, disk full),
+    ``PeerError`` when no usable provider is left for the missing shards.
+    """
+    config = config or FetchConfig()
+    store.check_room(manifest.message)
+    with store.open(manifest) as vf:
+        if not vf.complete:
+            vf.preallocate()
+        job = _Fetch(vf, source, peers, config, rng or random.Random(), on_progress)
+        if not vf.complete:
+            await job.run()
+            await trio.to_thread.run_sync(vf.mark_complete)
+        job._notify()
+    store.prune(keep_also=manifest.message.version)
+    progress = job.progress
+    return FetchResult(
+        version=manifest.message.version,
+        path=store.directory(manifest.message.version) / "data",
+        fetched_shards=progress.shards_done - progress.resumed_shards,
+        resumed_shards=progress.resumed_shards,
+        seconds=progress.elapsed,
+        progress=progress,
+    )

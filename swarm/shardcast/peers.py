@@ -1,0 +1,107 @@
+"""Choosing providers: measured throughput and success, weighted random choice, budgets.
+
+Every peer has two exponential moving averages: throughput (bytes/s of its completed shards) and
+success (1 for a verified shard, 0 for a failure). A peer is chosen with probability
+proportional to ``throughput * success**2 / (1 + in_flight)``; a peer never measured gets the
+best known throughput, so it is tried early, and with probability ``explore`` the choice is
+uniform, so a slow peer is still probed now and then and can earn its way back. A peer that
+fails ``failure_budget`` times (or once with a corrupt shard) is dropped for the version.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+DEFAULT_RATE = 50.0 * 1024 * 1024
+"""Throughput assumed before anything is measured (bytes/s)."""
+
+
+@dataclass(slots=True)
+class PeerStats:
+    peer: str
+    rate: float | None = None  # EMA of bytes/s over completed shards
+    success: float = 1.0  # EMA of 1 (verified) / 0 (failed)
+    failures: int = 0
+    shards: int = 0
+    bytes: int = 0
+    in_flight: int = 0
+    dropped: bool = False
+    last_error: str = ""
+
+    def view(self) -> dict[str, object]:
+        return {
+            "peer": self.peer,
+            "rate_mib_s": round((self.rate or 0.0) / (1024 * 1024), 1),
+            "success": round(self.success, 3),
+            "shards": self.shards,
+            "bytes": self.bytes,
+            "failures": self.failures,
+            "in_flight": self.in_flight,
+            "dropped": self.dropped,
+            "last_error": self.last_error,
+        }
+
+
+@dataclass
+class PeerBoard:
+    """The fetch's view of its providers for one version."""
+
+    failure_budget: int = 3
+    alpha: float = 0.3
+    explore: float = 0.1
+    rng: random.Random = field(default_factory=random.Random)
+    stats: dict[str, PeerStats] = field(default_factory=dict)
+
+    def add(self, peers: Iterable[str]) -> None:
+        for peer in peers:
+            self.stats.setdefault(peer, PeerStats(peer))
+
+    def usable(self) -> list[str]:
+        return [p for p, s in self.stats.items() if not s.dropped]
+
+    def weight(self, peer: str) -> float:
+        s = self.stats[peer]
+        known = [x.rate for x in self.stats.values() if x.rate is not None and not x.dropped]
+        rate = s.rate if s.rate is not None else max(known, default=DEFAULT_RATE)
+        return max(rate, 1.0) * max(s.success, 0.01) ** 2 / (1 + s.in_flight)
+
+    def choose(self, candidates: Iterable[str]) -> str | None:
+        """A weighted random pick among usable ``candidates``; ``None`` if none is usable."""
+        usable = [p for p in candidates if p in self.stats and not self.stats[p].dropped]
+        if not usable:
+            return None
+        if len(usable) == 1:
+            return usable[0]
+        if self.rng.random() < self.explore:
+            return self.rng.choice(usable)
+        weights = [self.weight(p) for p in usable]
+        return self.rng.choices(usable, weights=weights, k=1)[0]
+
+    def started(self, peer: str) -> None:
+        self.stats[peer].in_flight += 1
+
+    def finished(self, peer: str) -> None:
+        self.stats[peer].in_flight = max(0, self.stats[peer].in_flight - 1)
+
+    def record_success(self, peer: str, nbytes: int, seconds: float) -> None:
+        s = self.stats[peer]
+        rate = nbytes / max(seconds, 1e-6)
+        s.rate = rate if s.rate is None else (1 - self.alpha) * s.rate + self.alpha * rate
+        s.success = (1 - self.alpha) * s.success + self.alpha
+        s.shards += 1
+        s.bytes += nbytes
+
+    def record_failure(self, peer: str, reason: str, *, fatal: bool = False) -> bool:
+        """Count a failure; returns ``True`` when the peer is now dropped for the version.
+
+        ``fatal`` (a corrupt or truncated shard: the peer served wrong bytes) drops at once.
+        """
+        s = self.stats[peer]
+        s.failures += 1
+        s.success = (1 - self.alpha) * s.success
+        s.last_error = reason[:200]
+        if fatal or s.failures >= self.failure_budget:
+            s.dropped = True
+        return s.dropped

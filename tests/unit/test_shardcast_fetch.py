@@ -1,0 +1,166 @@
+"""The fetch scheduler over an in-memory ShardSource: faults, resume, manifest checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from swarm.errors import NotAuthorizedError, PeerError, ValidationError
+from swarm.messages import RunGenesis, ShardManifest, Signed, sign
+from swarm.shardcast import (
+    FetchConfig,
+    FetchResult,
+    ShardStore,
+    fetch_manifest,
+    fetch_version,
+    verify_manifest,
+)
+from tests.shardcast_util import MALLORY, TRAINER, MemoryPeer, MemorySource, genesis, published
+
+FAST = FetchConfig(concurrency=4, stall_timeout=5.0, have_refresh=0.05, durable=False)
+
+
+@dataclass
+class Case:
+    g: Signed[RunGenesis]
+    signed: Signed[ShardManifest]
+    data: bytes
+    source: MemorySource
+    receiver: ShardStore
+
+    async def fetch(self, **kw: Any) -> FetchResult:
+        return await fetch_version(
+            self.receiver,
+            self.signed,
+            self.source,
+            list(self.source.peers),
+            config=FAST,
+            rng=random.Random(0),
+            **kw,
+        )
+
+
+def setup(tmp_path: Path, modes: dict[str, str]) -> Case:
+    g, signed, store = published(tmp_path)
+    data = (store.directory(1) / "data").read_bytes()
+    peers = {name: MemoryPeer(data, signed.raw, mode) for name, mode in modes.items()}
+    return Case(
+        g, signed, data, MemorySource(peers, signed.message), ShardStore(tmp_path / "receiver")
+    )
+
+
+def stats(result: FetchResult, peer: str) -> Any:
+    assert result.progress.board is not None
+    return result.progress.board.stats[peer]
+
+
+async def test_fetch_from_several_peers_gives_the_published_file(tmp_path: Path) -> None:
+    c = setup(tmp_path, {"a": "ok", "b": "ok", "c": "ok"})
+    result = await c.fetch()
+    assert result.path.read_bytes() == c.data
+    assert c.receiver.is_complete(1)
+    assert len({peer for peer, _ in c.source.pulls}) == 3
+    assert result.fetched_shards == len(c.signed.message.shard_hashes)
+
+
+@pytest.mark.parametrize("mode", ["corrupt", "truncate"])
+async def test_a_peer_serving_bad_shards_is_dropped_and_the_file_matches(
+    tmp_path: Path, mode: str
+) -> None:
+    c = setup(tmp_path, {"honest": "ok", "bad": mode})
+    result = await c.fetch()
+    assert result.path.read_bytes() == c.data
+    bad = stats(result, "bad")
+    assert bad.dropped and bad.shards == 0
+    # Pulls already running when the first bad shard was caught may finish; no new one starts.
+    assert sum(1 for peer, _ in c.source.pulls if peer == "bad") <= FAST.concurrency
+
+
+async def test_a_stalling_peer_times_out_and_the_shard_comes_from_elsewhere(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    c = setup(tmp_path, {"honest": "ok", "stuck": "stall"})
+    result = await c.fetch()
+    assert result.path.read_bytes() == c.data
+    assert "stalled" in stats(result, "stuck").last_error
+
+
+async def test_a_peer_dying_mid_transfer_costs_only_its_shard(tmp_path: Path) -> None:
+    c = setup(tmp_path, {"honest": "ok", "dies": "die"})
+    result = await c.fetch()
+    assert result.path.read_bytes() == c.data
+    assert stats(result, "dies").dropped
+
+
+async def test_when_every_peer_fails_nothing_is_marked_complete(tmp_path: Path) -> None:
+    c = setup(tmp_path, {"x": "corrupt", "y": "refuse"})
+    with pytest.raises(PeerError, match="every provider failed"):
+        await c.fetch()
+    assert not c.receiver.is_complete(1)
+
+
+async def test_a_restarted_fetch_never_pulls_a_verified_shard_again(tmp_path: Path) -> None:
+    c = setup(tmp_path, {"a": "ok"})
+    with c.receiver.open(c.signed) as vf:  # a previous run verified shards 0..4
+        vf.preallocate()
+        for i in range(5):
+            start, length = c.signed.message.shard_span(i)
+            vf.write_at(start, c.data[start : start + length])
+            vf.mark_verified(i)
+    result = await c.fetch()
+    assert result.path.read_bytes() == c.data
+    assert not {i for _, i in c.source.pulls} & set(range(5))
+    assert result.resumed_shards == 5
+
+
+async def test_partial_holders_serve_only_what_they_hold(tmp_path: Path) -> None:
+    c = setup(tmp_path, {"origin": "ok", "half": "ok"})
+    n = len(c.signed.message.shard_hashes)
+    c.source.peers["half"].held = set(range(0, n, 2))
+    result = await c.fetch()
+    assert result.path.read_bytes() == c.data
+    assert all(i % 2 == 0 for peer, i in c.source.pulls if peer == "half")
+
+
+async def test_progress_reports_bytes_and_peers(tmp_path: Path) -> None:
+    c = setup(tmp_path, {"a": "ok", "b": "ok"})
+    seen: list[int] = []
+    result = await c.fetch(on_progress=lambda p: seen.append(p.done_bytes))
+    assert seen[-1] == len(c.data) and seen == sorted(seen)
+    assert {p["peer"] for p in result.progress.peers()} == {"a", "b"}
+
+
+async def test_a_manifest_signed_by_a_non_trainer_is_rejected_before_any_shard(
+    tmp_path: Path,
+) -> None:
+    c = setup(tmp_path, {"a": "ok"})
+    forged = sign(c.signed.message, MALLORY)
+    c.source.peers["a"].manifest_raw = forged.raw
+    with pytest.raises(PeerError, match="not a trainer"):
+        await fetch_manifest(c.source, ["a"], c.g, 1)
+    with pytest.raises(NotAuthorizedError):
+        verify_manifest(forged.raw, c.g)
+    assert c.source.pulls == []
+
+
+async def test_a_manifest_of_another_run_or_version_is_rejected(tmp_path: Path) -> None:
+    c = setup(tmp_path, {"a": "ok"})
+    with pytest.raises(ValidationError, match="not this run"):
+        verify_manifest(c.signed.raw, genesis(name="another-run"))
+    with pytest.raises(ValidationError, match="asked for version 2"):
+        verify_manifest(c.signed.raw, c.g, 2)
+
+
+async def test_fetch_manifest_picks_the_newest_valid_version(tmp_path: Path) -> None:
+    c = setup(tmp_path, {"a": "ok", "b": "ok"})
+    newer = sign(dataclasses.replace(c.signed.message, version=5), TRAINER)
+    c.source.peers["b"].manifest_raw = newer.raw
+    got = await fetch_manifest(c.source, ["a", "b"], c.g)
+    assert got.message.version == 5

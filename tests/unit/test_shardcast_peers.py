@@ -1,0 +1,52 @@
+"""Provider choice: fast peers are preferred, slow ones still probed, failing ones dropped."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from swarm.shardcast import PeerBoard
+
+
+def board(**kw: object) -> PeerBoard:
+    b = PeerBoard(rng=random.Random(1), **kw)  # type: ignore[arg-type]
+    b.add(["fast", "slow"])
+    b.record_success("fast", 100_000_000, 1.0)
+    b.record_success("slow", 1_000_000, 1.0)
+    return b
+
+
+def test_a_faster_peer_is_chosen_more_often_but_the_slow_one_is_still_probed() -> None:
+    b = board(explore=0.1)
+    picks = Counter(b.choose(["fast", "slow"]) for _ in range(2000))
+    assert picks["fast"] > 1600
+    assert picks["slow"] > 20
+
+
+def test_an_unmeasured_peer_is_tried_like_the_best_known() -> None:
+    b = board(explore=0.0)
+    b.add(["new"])
+    picks = Counter(b.choose(["fast", "new"]) for _ in range(2000))
+    assert picks["new"] > 600
+
+
+def test_a_peer_over_its_failure_budget_is_dropped() -> None:
+    b = board(failure_budget=2)
+    assert not b.record_failure("slow", "timeout")
+    assert b.record_failure("slow", "timeout")
+    assert b.usable() == ["fast"]
+    assert all(b.choose(["fast", "slow"]) == "fast" for _ in range(100))
+
+
+def test_a_corrupt_shard_drops_the_peer_at_once() -> None:
+    b = board(failure_budget=5)
+    assert b.record_failure("fast", "corrupt shard 3", fatal=True)
+    assert b.choose(["fast"]) is None
+
+
+def test_failures_lower_the_success_average() -> None:
+    b = board()
+    before = b.weight("fast")
+    b.record_failure("fast", "reset")
+    assert b.weight("fast") < before
+    assert b.stats["fast"].view()["last_error"] == "reset"
