@@ -4,6 +4,7 @@ whose peers can be told to misbehave."""
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,3 +112,24 @@ class MemorySource:
             sink.write(body[pos : pos + p.chunk])
             await trio.lowlevel.checkpoint()
         p.served.append(index)
+
+
+def seeder_store(
+    root: Path, signed: Signed[ShardManifest], data: bytes, *, fault: str = "ok"
+) -> ShardStore:
+    """A provider's store holding ``signed`` complete; ``fault`` damages its data file on disk:
+    ``corrupt`` flips a byte of every shard, ``truncate`` cuts the file in half."""
+    store = ShardStore(root)
+    body = bytearray(data)
+    if fault == "corrupt":
+        for i in range(len(signed.message.shard_hashes)):
+            start, length = signed.message.shard_span(i)
+            body[start + length // 2] ^= 0xFF
+    with store.open(signed) as vf:
+        vf.write_at(0, bytes(body))
+        for i in range(len(signed.message.shard_hashes)):
+            vf.mark_verified(i, durable=False)
+        vf.mark_complete()
+        if fault == "truncate":
+            os.ftruncate(vf.data_fd, len(data) // 2)
+    return store

@@ -1,0 +1,143 @@
+"""Answering providers' requests from the shard store, whatever carries them.
+
+``ShardServer`` is the transport-free half of serving: it finds a version's manifest, says which
+shards this node holds (complete versions and verified shards of versions still being fetched:
+every holder serves), checks a requested span against the manifest, and issues one-time data
+channel tokens. The data channel and the libp2p stream handlers call it; every refusal is a
+``SwarmError`` whose text goes back to the asker, and none of them affects the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from swarm.errors import MalformedError, NotAuthorizedError, PeerError
+from swarm.shardcast.fetch import ShardNotHeld
+from swarm.shardcast.store import ShardStore, VersionFile
+
+TOKEN_BYTES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSpan:
+    """A validated request: read ``length`` bytes at ``offset`` of the version's data file."""
+
+    fd: int
+    offset: int
+    length: int
+
+
+class ShardServer:
+    """Serves one store. Safe to share between the data channel and libp2p handlers."""
+
+    def __init__(
+        self,
+        store: ShardStore,
+        *,
+        token_ttl: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.token_ttl = token_ttl
+        self._clock = clock
+        self._open: dict[int, VersionFile] = {}
+        self._tokens: dict[bytes, tuple[str, float]] = {}
+        self.served_bytes = 0
+        self.served_shards = 0
+        self.refused = 0
+
+    # --- versions --------------------------------------------------------------------------
+    def _version(self, version: int) -> VersionFile:
+        vf = self._open.get(version)
+        if vf is not None and not self.store.directory(version).exists():
+            vf.close()  # pruned by retention
+            del self._open[version]
+            vf = None
+        if vf is None:
+            if version < 0 or version not in self.store.versions():
+                self.refused += 1
+                raise ShardNotHeld(f"version {version} is not held here")
+            vf = self.store.open_existing(version)
+            self._open[version] = vf
+        vf.refresh()
+        return vf
+
+    def latest(self) -> int | None:
+        """The newest version this node holds any verified shard of."""
+        for version in reversed(self.store.versions()):
+            with contextlib.suppress(PeerError):
+                vf = self._version(version)
+                if vf.complete or vf.verified_indices():
+                    return version
+        return None
+
+    def manifest(self, version: int | None) -> bytes:
+        if version is None:
+            version = self.latest()
+            if version is None:
+                raise ShardNotHeld("no version is held here")
+        return self._version(version).signed.raw
+
+    def have(self, version: int) -> bytes | None:
+        vf = self._version(version)
+        return None if vf.complete else vf.bitmap()
+
+    def span(
+        self, version: int, index: int, offset: int = 0, length: int | None = None
+    ) -> ShardSpan:
+        """Check a request for (part of) shard ``index``; ``MalformedError`` for absurd indices,
+        offsets or lengths, ``ShardNotHeld`` for what is not (yet) held."""
+        vf = self._version(version)
+        count = len(vf.manifest.shard_hashes)
+        if not 0 <= index < count:
+            self.refused += 1
+            raise MalformedError(
+                f"shard index {index} out of range 0..{count - 1} of version {version}"
+            )
+        start, size = vf.manifest.shard_span(index)
+        if length is None:
+            length = size - offset
+        if not (0 <= offset <= size and 0 <= length <= size - offset):
+            self.refused += 1
+            raise MalformedError(
+                f"span offset {offset} length {length} outside shard {index} of {size} bytes"
+            )
+        if not vf.complete and not vf.is_verified(index):
+            self.refused += 1
+            raise ShardNotHeld(f"shard {index} of version {version} is not held here yet")
+        return ShardSpan(vf.data_fd, start + offset, length)
+
+    def read(self, version: int, index: int, offset: int = 0, length: int | None = None) -> bytes:
+        """The bytes of a span (the libp2p stream path; the data channel uses sendfile)."""
+        span = self.span(version, index, offset, length)
+        data = os.pread(span.fd, span.length, span.offset)
+        self.served_bytes += len(data)
+        self.served_shards += 1
+        return data
+
+    # --- data channel tokens ---------------------------------------------------------------
+    def issue_token(self, peer: str) -> bytes:
+        """A one-time token that lets ``peer`` open one data channel connection."""
+        now = self._clock()
+        self._tokens = {t: v for t, v in self._tokens.items() if v[1] > now}
+        token = secrets.token_bytes(TOKEN_BYTES)
+        self._tokens[token] = (peer, now + self.token_ttl)
+        return token
+
+    def redeem_token(self, token: bytes) -> str:
+        """The peer a token was issued to; the token is used up. ``NotAuthorizedError`` else."""
+        entry = self._tokens.pop(token, None)
+        if entry is None or entry[1] <= self._clock():
+            self.refused += 1
+            raise NotAuthorizedError("unknown or expired data channel token; negotiate a new one")
+        return entry[0]
+
+    def close(self) -> None:
+        for vf in self._open.values():
+            vf.close()
+        self._open.clear()
