@@ -10,6 +10,14 @@ and returns one :class:`SampleVerdict` per sample with the numbers that decided 
 3. proofs (:func:`swarm.toploc.verify_proofs`): one proof per 32 tokens, checked against the
    validator's hidden states under the run's thresholds.
 
+4. submission aggregate (optional, ``submission_mant_err_mean``): the mean of ``mant_err_mean``
+   over every chunk of the submission. Per-chunk thresholds must leave room for honest precision
+   noise, and on a tiny model a slightly different model (weights with 1% noise) stays inside
+   them chunk by chunk; averaged over a submission the two separate cleanly. On the embedded
+   default model honest mixed precision (bf16 <-> fp32) averages ~0.7 and 1%-noise weights
+   ~1.65, hence :data:`DEFAULT_MODEL_SUBMISSION_MANT_ERR` = 1.2. Exceeding it rejects every
+   sample of the submission (soft).
+
 Severity: failures only a cheater produces are ``hard`` (slash): bad termination, a token that is
 not the sampler's choice, malformed or missing proofs, proof errors beyond ``hard_factor`` times
 a threshold. Proof errors between the threshold and that factor are ``soft`` (reject, no slash):
@@ -18,12 +26,15 @@ honest hardware near the thresholds can cause them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from node.compute.engine import Engine
 from swarm.errors import ProofError
 from swarm.sampling import DEFAULT_TIE_TOLERANCE, SamplingCheck, check_sampling
 from swarm.toploc import CHUNK_SIZE, TOPK, ProofCheck, ProofThresholds, verify_proofs
+
+DEFAULT_MODEL_SUBMISSION_MANT_ERR = 1.2
+"""Submission-level bound on the mean mantissa error for the embedded default model (see above)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,7 @@ def verify_samples(
     thresholds: ProofThresholds | None = None,
     tie_tolerance: float = DEFAULT_TIE_TOLERANCE,
     hard_factor: float = 2.0,
+    submission_mant_err_mean: float | None = None,
     chunk_size: int = CHUNK_SIZE,
     topk: int = TOPK,
 ) -> list[SampleVerdict]:
@@ -148,4 +160,14 @@ def verify_samples(
             hard = hard or proof_hard
             reasons.extend(proof_reasons)
         verdicts[i] = SampleVerdict(not reasons, hard and bool(reasons), reasons, sampling, checks)
-    return [v for v in verdicts if v is not None]
+    done = [v for v in verdicts if v is not None]
+    if submission_mant_err_mean is not None:
+        errs = [c.mant_err_mean for v in done if v.ok for c in v.proofs]
+        mean = sum(errs) / len(errs) if errs else 0.0
+        if mean > submission_mant_err_mean:
+            why = (
+                f"submission: mean mantissa error {mean:.3g} over {len(errs)} proof chunks "
+                f"exceeds {submission_mant_err_mean:.3g} (a different model or weights)"
+            )
+            done = [replace(v, ok=False, reasons=[*v.reasons, why]) for v in done]
+    return done

@@ -133,6 +133,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(args.out / "model.safetensors"), metadata={"format": "pt"})
+    (args.out / "model.safetensors").chmod(0o644)  # package data, readable by everyone
     (args.out / "config.json").write_text(json.dumps(default_config(), indent=2) + "\n")
     print(json.dumps({**result, "seconds": round(time.time() - start, 1)}))
 

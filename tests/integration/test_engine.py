@@ -1,0 +1,139 @@
+"""Engines on the embedded default model: torch in-process and the child-process wrapper."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from node.compute.child import ChildEngine
+from node.compute.torch_engine import TorchEngine
+from node.model import DEFAULT_MODEL_DIR
+from node.model import tokenizer as tok
+from node.tasks import default_suite
+from swarm.errors import EngineError
+from swarm.toploc import build_proofs, verify_proofs
+
+PROMPTS = [tok.encode(default_suite().task(i).prompt) for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def engine() -> TorchEngine:
+    return TorchEngine.from_dir(DEFAULT_MODEL_DIR)
+
+
+def test_generation_is_deterministic_and_well_formed(engine: TorchEngine) -> None:
+    a = engine.generate(PROMPTS, list(range(6)), 1.0, 16)
+    b = engine.generate(PROMPTS, list(range(6)), 1.0, 16)
+    assert [g.tokens for g in a] == [g.tokens for g in b]
+    for g in a:
+        assert 1 <= len(g.tokens) <= 16
+        assert g.hidden.dtype == np.uint16 and g.hidden.shape == (len(g.tokens), 128)
+        assert (g.finish_reason == "stop") == (g.tokens[-1] == tok.EOS_ID)
+
+
+def test_batching_and_padding_do_not_change_samples(engine: TorchEngine) -> None:
+    batched = engine.generate(PROMPTS, [9] * 6, 1.0, 16)
+    for i, prompt in enumerate(PROMPTS):
+        (alone,) = engine.generate([prompt], [9], 1.0, 16, sample_indices=[i])
+        assert alone.tokens == batched[i].tokens
+
+
+def test_prefill_reproduces_generation(engine: TorchEngine) -> None:
+    gens = engine.generate(PROMPTS, list(range(6)), 1.0, 16)
+    pres = engine.prefill_batch([(p, g.tokens) for p, g in zip(PROMPTS, gens, strict=True)])
+    for g, pre in zip(gens, pres, strict=True):
+        assert pre.logits.shape == (len(g.tokens), tok.VOCAB_SIZE)
+        checks = verify_proofs(pre.hidden, build_proofs(g.hidden))
+        assert all(c.exp_mismatches == 0 and c.mant_err_mean <= 1 for c in checks)
+
+
+def test_hidden_is_post_norm_it_feeds_the_lm_head(engine: TorchEngine) -> None:
+    prompt, tokens = PROMPTS[0], [ord("1"), ord("2"), tok.EOS_ID]
+    pre = engine.prefill(prompt, tokens)
+    with torch.no_grad():
+        out = engine.model(torch.tensor([prompt + tokens[:-1]]), output_hidden_states=True)
+    ref_logits = out.logits[0, len(prompt) - 1 :].float().numpy()
+    assert np.allclose(pre.logits, ref_logits, atol=1e-5)
+    last = out.hidden_states[-1][0, len(prompt) - 1 :].to(torch.bfloat16)
+    assert np.array_equal(pre.hidden, last.view(torch.int16).numpy().view(np.uint16))
+
+
+def test_load_weights_switches_policy(engine: TorchEngine, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    noisy = {k: (v * 1.5).contiguous() for k, v in original.items()}
+    save_file(noisy, str(tmp_path / "v1.safetensors"))
+    save_file(original, str(tmp_path / "v0.safetensors"))
+    before = engine.prefill(PROMPTS[0], [1, 2]).logits
+    engine.load_weights(str(tmp_path / "v1.safetensors"))
+    assert not np.allclose(engine.prefill(PROMPTS[0], [1, 2]).logits, before)
+    engine.load_weights(str(tmp_path / "v0.safetensors"))
+    assert np.array_equal(engine.prefill(PROMPTS[0], [1, 2]).logits, before)
+
+
+@pytest.fixture(scope="module")
+def child() -> Iterator[ChildEngine]:
+    eng = ChildEngine(DEFAULT_MODEL_DIR, threads=1)
+    yield eng
+    eng.close()
+
+
+def test_child_generates_what_the_in_process_engine_does(
+    child: ChildEngine, engine: TorchEngine
+) -> None:
+    here = engine.generate(PROMPTS[:3], [1, 2, 3], 1.0, 12)
+    there = child.generate(PROMPTS[:3], [1, 2, 3], 1.0, 12)
+    assert [g.tokens for g in there] == [g.tokens for g in here]
+    assert all(np.array_equal(a.hidden, b.hidden) for a, b in zip(here, there, strict=True))
+    pre = child.prefill(PROMPTS[0], there[0].tokens)
+    assert np.array_equal(pre.hidden, engine.prefill(PROMPTS[0], here[0].tokens).hidden)
+
+
+async def test_child_is_usable_from_trio(child: ChildEngine) -> None:
+    gens = await child.agenerate(PROMPTS[:2], [1, 2], 0.0, 8)
+    assert len(gens) == 2
+    pres = await child.aprefill_batch([(PROMPTS[0], gens[0].tokens)])
+    assert pres[0].hidden.shape[0] == len(gens[0].tokens)
+
+
+def test_child_errors_are_engine_errors_and_it_stays_up(child: ChildEngine) -> None:
+    with pytest.raises(EngineError, match="failed"):
+        child.generate([[]], [1], 1.0, 4)
+    assert len(child.generate(PROMPTS[:1], [1], 1.0, 4)) == 1
+
+
+def test_child_crash_is_a_clear_error_and_restart_recovers(child: ChildEngine) -> None:
+    assert child.pid is not None
+    os.kill(child.pid, signal.SIGKILL)
+    with pytest.raises(EngineError, match="restart"):
+        child.generate(PROMPTS[:1], [1], 1.0, 4)
+    child.restart()
+    assert len(child.generate(PROMPTS[:1], [1], 1.0, 4)[0].tokens) >= 1
+
+
+def test_child_on_a_bad_model_dir_fails_clearly(tmp_path: Path) -> None:
+    with pytest.raises(EngineError, match=r"config\.json"):
+        ChildEngine(tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_vllm_engine_matches_torch_sampling() -> None:
+    from node.compute.vllm_engine import VllmEngine, vllm_available
+    from swarm.sampling import check_sampling
+
+    if not vllm_available():
+        pytest.skip("vllm (extra 'gpu') not installed")
+    eng = VllmEngine(str(DEFAULT_MODEL_DIR))
+    gens = eng.generate(PROMPTS, list(range(6)), 1.0, 16)
+    for i, (p, g) in enumerate(zip(PROMPTS, gens, strict=True)):
+        pre = eng.prefill(p, g.tokens)
+        assert check_sampling(pre.logits, g.tokens, i, 1.0, sample=i).ok
+        assert verify_proofs(pre.hidden, build_proofs(g.hidden))
