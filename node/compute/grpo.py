@@ -213,7 +213,7 @@ class GRPOTrainer:
                 "loss": float(loss.detach()),
                 "grad_norm": float(grad_norm),
                 "clip": float(clipped.sum()) / max(tokens, 1),
-                "entropy": float((entropy * maskf).sum()) / max(tokens, 1),
+                "entropy": float((entropy * maskf).sum().detach()) / max(tokens, 1),
             }
         self.version += 1
         self._snapshots[self.version] = self._cpu_state()

@@ -1,0 +1,86 @@
+"""A plain in-process GRPO loop: same model, tasks, batch and recipe as the swarm, but no network,
+no proofs and no validator. It is the ceiling the swarm is measured against (bench/rl_loop.py),
+and a quick way to check that a model and task mix leave RL something to learn."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from node.compute.grpo import Group, GRPOConfig, GRPOTrainer, StepStats
+from node.compute.torch_engine import TorchEngine
+from node.model import DEFAULT_MODEL_DIR
+from node.rl.rollout import generate_groups, score
+from node.tasks.suite import TaskSuite, default_suite
+from swarm.assignment import assign
+from swarm.messages import RunParams
+
+
+@dataclass(frozen=True)
+class VersionResult:
+    version: int
+    mean_reward: float
+    elapsed_s: float
+    stats: StepStats | None
+
+
+def train_inprocess(
+    params: RunParams,
+    *,
+    steps: int,
+    model_dir: Path = DEFAULT_MODEL_DIR,
+    suite: TaskSuite | None = None,
+    run_id: str = "inprocess",
+    time_limit_s: float | None = None,
+    on_version: Callable[[VersionResult], None] | None = None,
+) -> list[VersionResult]:
+    """Train for ``steps`` versions; one result per version with the mean reward of its samples."""
+    suite = suite or default_suite()
+    engine = TorchEngine.from_dir(model_dir, dtype="float32")
+    trainer = GRPOTrainer(
+        engine.model,
+        GRPOConfig.from_params(params),
+        keep_versions=params.async_level + 1,
+        pad_id=engine.info.pad_id,
+    )
+    results: list[VersionResult] = []
+    start = time.perf_counter()
+    for _ in range(steps + 1):
+        version = trainer.version
+        assignment = assign(
+            run_id,
+            version,
+            "inprocess",
+            0,
+            n_prompts=params.batch_prompts,
+            suite_size=suite.size,
+            excluded=suite.excluded,
+        )
+        rollout = generate_groups(engine, suite, assignment, params)
+        groups = [
+            Group(
+                prompt,
+                [gen.tokens for gen in gens],
+                [score(suite, pid, gen.tokens, params) for gen in gens],
+                version,
+            )
+            for pid, prompt, gens in zip(
+                assignment.prompt_ids, rollout.prompts, rollout.generations, strict=True
+            )
+        ]
+        rewards = [r for g in groups for r in g.rewards]
+        mean = sum(rewards) / len(rewards)
+        last = len(results) == steps or (
+            time_limit_s is not None and time.perf_counter() - start > time_limit_s
+        )
+        stats = None if last else trainer.step(groups)
+        engine.model.eval()
+        result = VersionResult(version, mean, time.perf_counter() - start, stats)
+        results.append(result)
+        if on_version is not None:
+            on_version(result)
+        if last:
+            break
+    return results

@@ -1,0 +1,56 @@
+"""Rollouts: generate a worker's assigned groups, and score completions with the task verifier.
+
+Shared by the inference worker (which adds proofs and signs), the validator (which recomputes the
+rewards itself, never trusting the worker's), and the plain in-process GRPO loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from node.compute.engine import Engine, Generation
+from node.model import tokenizer
+from node.tasks.rewards import reward as task_reward
+from node.tasks.suite import TaskSuite
+from swarm.assignment import Assignment
+from swarm.messages import RunParams
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """``group_size`` generations per assigned prompt, in assignment order."""
+
+    assignment: Assignment
+    prompts: list[list[int]]
+    generations: list[list[Generation]]
+
+
+def sample_index(prompt_position: int, member: int, group_size: int) -> int:
+    """Sample ``j`` of a submission: member ``j % G`` of the group of prompt ``j // G``."""
+    return prompt_position * group_size + member
+
+
+def generate_groups(
+    engine: Engine, suite: TaskSuite, assignment: Assignment, params: RunParams
+) -> Rollout:
+    g = params.group_size
+    prompts = [tokenizer.encode(suite.task(pid).prompt) for pid in assignment.prompt_ids]
+    flat_prompts = [p for p in prompts for _ in range(g)]
+    indices = [sample_index(i, m, g) for i in range(len(prompts)) for m in range(g)]
+    flat = engine.generate(
+        flat_prompts,
+        [assignment.seed] * len(flat_prompts),
+        params.temperature,
+        params.max_tokens,
+        sample_indices=indices,
+    )
+    groups = [flat[i * g : (i + 1) * g] for i in range(len(prompts))]
+    return Rollout(assignment, prompts, groups)
+
+
+def score(suite: TaskSuite, prompt_id: int, tokens: list[int], params: RunParams) -> float:
+    """The reward of one completion: the task's verifier minus the length penalty."""
+    task = suite.task(prompt_id)
+    return task_reward(
+        task, tokenizer.decode(tokens), len(tokens), length_coeff=params.length_penalty
+    )
