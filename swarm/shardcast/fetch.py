@@ -32,7 +32,6 @@ from typing import Protocol
 import trio
 
 from swarm.errors import (
-    NetworkError,
     NotAuthorizedError,
     PeerError,
     StorageError,
@@ -52,30 +51,50 @@ class ShardSink:
     """Takes one shard's bytes in order, hashes them and writes them at their place.
 
     Writing past the shard's length raises ``PeerError``. Each write pushes the pull's stall
-    deadline forward (when a cancel scope is attached).
+    deadline forward (when a cancel scope is attached). An ``in_memory`` sink (the endgame's
+    second pull of a shard) keeps the bytes until ``commit`` writes them, so two pulls of one
+    shard never write the same region at once.
     """
 
-    def __init__(self, vf: VersionFile, index: int, stall_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        vf: VersionFile,
+        index: int,
+        stall_timeout: float | None = None,
+        *,
+        in_memory: bool = False,
+    ) -> None:
         self.index = index
         self.offset, self.length = vf.manifest.shard_span(index)
         self.received = 0
         self._vf = vf
         self._hash = hashlib.sha256()
         self._stall = stall_timeout
+        self._buffer: bytearray | None = bytearray() if in_memory else None
         self.scope: trio.CancelScope | None = None
+        self.superseded = False
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
         view = memoryview(chunk)
         if self.received + len(view) > self.length:
             raise PeerError(f"shard {self.index}: peer sent more than its {self.length} bytes")
         self._hash.update(view)
-        self._vf.write_at(self.offset + self.received, view)
+        if self._buffer is not None:
+            self._buffer += view
+        else:
+            self._vf.write_at(self.offset + self.received, view)
         self.received += len(view)
         if self.scope is not None and self._stall is not None:
             self.scope.deadline = trio.current_time() + self._stall
 
     def digest(self) -> bytes:
         return self._hash.digest()
+
+    def commit(self) -> None:
+        """Write what an in-memory sink holds at the shard's offset (no-op for a file sink)."""
+        if self._buffer is not None:
+            self._vf.write_at(self.offset, self._buffer)
+            self._buffer = None
 
 
 class ShardSource(Protocol):
@@ -155,6 +174,11 @@ class FetchConfig:
     failure_budget: int = 3
     explore: float = 0.1
     have_refresh: float = 1.0
+    per_peer: int = 2
+    """At most this many pulls from one provider at once (spreads load, avoids thin slices)."""
+    endgame: bool = True
+    """When nothing is left to start, pull the slowest running shard again from an idle
+    provider (into memory, one at a time); the first verified copy wins."""
     give_up_after: float = 30.0
     """Seconds without a verified shard, with no pull running, before the fetch gives up."""
     durable: bool = True
@@ -231,7 +255,9 @@ class _Fetch:
         missing = vf.missing_indices()
         rng.shuffle(missing)  # receivers fetch in different orders, so they can trade shards
         self.pending: list[int] = missing
-        self.in_flight: set[int] = set()
+        self.running: dict[int, dict[str, ShardSink]] = {}
+        self.claimed: set[int] = set()
+        self.memory_pulls = 0
         self.changed = trio.Event()
         n = len(self.m.shard_hashes)
         self.progress = FetchProgress(
@@ -287,12 +313,35 @@ class _Fetch:
             or "no providers"
         )
 
+    def _free(self, peer: str) -> bool:
+        return self.board.stats[peer].in_flight < self.config.per_peer
+
     def _next(self) -> tuple[int, str] | None:
         for pos, index in enumerate(self.pending):
-            holders = [p for p in self.board.usable() if self._holds(p, index)]
+            holders = [p for p in self.board.usable() if self._holds(p, index) and self._free(p)]
             peer = self.board.choose(holders)
             if peer is not None:
                 del self.pending[pos]
+                return index, peer
+        return None
+
+    def _endgame(self) -> tuple[int, str] | None:
+        """A shard being pulled from one peer, and an idle holder to pull it again from."""
+        if not self.config.endgame or self.memory_pulls > 0:
+            return None
+        running = sorted(
+            (sinks for sinks in self.running.values() if len(sinks) == 1),
+            key=lambda sinks: next(iter(sinks.values())).received,
+        )
+        for sinks in running:
+            index = next(iter(sinks.values())).index
+            holders = [
+                p
+                for p in self.board.usable()
+                if p not in sinks and self._holds(p, index) and self._free(p)
+            ]
+            peer = self.board.choose(holders)
+            if peer is not None:
                 return index, peer
         return None
 
@@ -305,15 +354,19 @@ class _Fetch:
             scope.cancel()
 
     async def _work(self) -> None:
-        while self.pending or self.in_flight:
+        while self.pending or self.running:
             picked = self._next()
+            in_memory = False
+            if picked is None and not self.pending:
+                picked = self._endgame()
+                in_memory = picked is not None
             if picked is None:
                 if not self.pending:
                     await self.changed.wait()
                     continue
                 idle = trio.current_time() - self.last_progress
                 if not self.board.usable() or (
-                    not self.in_flight and idle > self.config.give_up_after
+                    not self.running and idle > self.config.give_up_after
                 ):
                     raise PeerError(
                         f"version {self.m.version}: every provider failed, {len(self.pending)}"
@@ -323,24 +376,36 @@ class _Fetch:
                     await self.changed.wait()
                 continue
             index, peer = picked
-            self.in_flight.add(index)
-            try:
-                ok = await self._pull(index, peer)
-            finally:
-                self.in_flight.discard(index)
-            if not ok:
+            ok = await self._pull(index, peer, in_memory)
+            if not ok and index not in self.claimed and index not in self.running:
                 self.pending.append(index)
             self._notify()
 
-    async def _pull(self, index: int, peer: str) -> bool:
-        sink = ShardSink(self.vf, index, self.config.stall_timeout)
+    async def _pull(self, index: int, peer: str, in_memory: bool = False) -> bool:
+        sink = ShardSink(self.vf, index, self.config.stall_timeout, in_memory=in_memory)
+        self.running.setdefault(index, {})[peer] = sink
+        self.memory_pulls += in_memory
         self.board.started(peer)
+        try:
+            return await self._pull_into(sink, peer)
+        finally:
+            self.board.finished(peer)
+            self.memory_pulls -= in_memory
+            sinks = self.running.get(index, {})
+            sinks.pop(peer, None)
+            if not sinks:
+                self.running.pop(index, None)
+
+    async def _pull_into(self, sink: ShardSink, peer: str) -> bool:
+        index = sink.index
         self.progress.pulls[index] = self.progress.pulls.get(index, 0) + 1
         start = trio.current_time()
         try:
             with trio.CancelScope(deadline=start + self.config.stall_timeout) as scope:
                 sink.scope = scope
                 await self.source.pull(peer, self.m.version, index, sink)
+            if sink.superseded:
+                return False
             if scope.cancelled_caught:
                 self.board.record_failure(
                     peer, f"stalled: no byte of shard {index} for {self.config.stall_timeout:g} s"
@@ -355,12 +420,13 @@ class _Fetch:
                     bits[index] = 0
                 self.holdings[peer] = bytes(bits)
             return False
-        except (PeerError, NetworkError, SwarmError) as exc:
+        except SwarmError as exc:
+            if sink.superseded:
+                return False
             self.board.record_failure(peer, str(exc))
             return False
         finally:
             sink.scope = None
-            self.board.finished(peer)
         if sink.received != sink.length:
             self.board.record_failure(
                 peer, f"truncated shard {index}: {sink.received} of {sink.length} bytes", fatal=True
@@ -369,11 +435,19 @@ class _Fetch:
         if sink.digest() != self.m.shard_hashes[index]:
             self.board.record_failure(peer, f"corrupt shard {index}: sha256 mismatch", fatal=True)
             return False
+        self.board.record_success(peer, sink.length, trio.current_time() - start)
+        if index in self.claimed:
+            return True  # another pull of this shard verified first
+        self.claimed.add(index)
+        for other in self.running.get(index, {}).values():
+            if other is not sink and other.scope is not None:
+                other.superseded = True
+                other.scope.cancel()
+        sink.commit()
         if self.config.durable:  # fdatasync blocks: keep it off the event loop
             await trio.to_thread.run_sync(self.vf.mark_verified, index)
         else:
             self.vf.mark_verified(index, durable=False)
-        self.board.record_success(peer, sink.length, trio.current_time() - start)
         self.progress.shards_done += 1
         self.progress.done_bytes += sink.length
         self.progress.fetched_bytes += sink.length

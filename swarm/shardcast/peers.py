@@ -2,9 +2,11 @@
 
 Every peer has two exponential moving averages: throughput (bytes/s of its completed shards) and
 success (1 for a verified shard, 0 for a failure). A peer is chosen with probability
-proportional to ``throughput * success**2 / (1 + in_flight)``; a peer never measured gets the
-best known throughput, so it is tried early, and with probability ``explore`` the choice is
-uniform, so a slow peer is still probed now and then and can earn its way back. A peer that
+proportional to ``throughput * success**2 / (1 + in_flight)**3`` (the cube spreads concurrent
+pulls over idle peers first, so equal peers finish together instead of one holding the tail);
+a peer never measured gets the best known throughput, so it is tried early, and with
+probability ``explore`` the choice is uniform, so a slow peer is still probed now and then and
+can earn its way back. A peer that
 fails ``failure_budget`` times (or once with a corrupt shard) is dropped for the version.
 """
 
@@ -65,7 +67,7 @@ class PeerBoard:
         s = self.stats[peer]
         known = [x.rate for x in self.stats.values() if x.rate is not None and not x.dropped]
         rate = s.rate if s.rate is not None else max(known, default=DEFAULT_RATE)
-        return max(rate, 1.0) * max(s.success, 0.01) ** 2 / (1 + s.in_flight)
+        return max(rate, 1.0) * max(s.success, 0.01) ** 2 / (1 + s.in_flight) ** 3
 
     def choose(self, candidates: Iterable[str]) -> str | None:
         """A weighted random pick among usable ``candidates``; ``None`` if none is usable."""

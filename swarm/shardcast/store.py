@@ -152,7 +152,7 @@ class VersionFile:
                 "preallocating the version", self.directory / "data", exc, total
             ) from exc
 
-    def write_at(self, offset: int, data: memoryview | bytes) -> None:
+    def write_at(self, offset: int, data: memoryview | bytes | bytearray) -> None:
         view = memoryview(data)
         try:
             while view:

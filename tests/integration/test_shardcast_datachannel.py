@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import struct
 from collections.abc import AsyncIterator
@@ -39,7 +40,7 @@ class Swarm:
     def source(self) -> DataChannelSource:
         return DataChannelSource(self.control.negotiate, self.control)
 
-    async def fetch(self, root: Path, **kw: object) -> FetchResult:
+    async def fetch(self, root: Path, config: FetchConfig = CONFIG, **kw: object) -> FetchResult:
         source = self.source()
         try:
             return await fetch_version(
@@ -47,7 +48,7 @@ class Swarm:
                 self.signed,
                 source,
                 list(self.servers),
-                config=CONFIG,
+                config=config,
                 rng=random.Random(0),
                 **kw,  # type: ignore[arg-type]
             )
@@ -142,7 +143,7 @@ async def test_a_stalling_seeder_is_timed_out(tmp_path: Path) -> None:
         n.start_soon(stall)
         s.control.ports = {**s.control.ports, "stuck": stuck_port}
         with trio.fail_after(20):
-            result = await s.fetch(tmp_path / "rx")
+            result = await s.fetch(tmp_path / "rx", dataclasses.replace(CONFIG, endgame=False))
         assert result.path.read_bytes() == s.data
         assert result.progress.board is not None
         assert "stalled" in result.progress.board.stats["stuck"].last_error

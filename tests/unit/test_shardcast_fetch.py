@@ -35,13 +35,13 @@ class Case:
     source: MemorySource
     receiver: ShardStore
 
-    async def fetch(self, **kw: Any) -> FetchResult:
+    async def fetch(self, config: FetchConfig = FAST, **kw: Any) -> FetchResult:
         return await fetch_version(
             self.receiver,
             self.signed,
             self.source,
             list(self.source.peers),
-            config=FAST,
+            config=config,
             rng=random.Random(0),
             **kw,
         )
@@ -87,9 +87,18 @@ async def test_a_stalling_peer_times_out_and_the_shard_comes_from_elsewhere(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     c = setup(tmp_path, {"honest": "ok", "stuck": "stall"})
-    result = await c.fetch()
+    result = await c.fetch(dataclasses.replace(FAST, endgame=False))
     assert result.path.read_bytes() == c.data
     assert "stalled" in stats(result, "stuck").last_error
+
+
+async def test_endgame_pulls_a_stuck_last_shard_again_from_an_idle_peer(tmp_path: Path) -> None:
+    c = setup(tmp_path, {"honest": "ok", "stuck": "stall"})
+    with trio.fail_after(10):  # far below the stall timeout: the endgame copy wins
+        result = await c.fetch(dataclasses.replace(FAST, stall_timeout=3600))
+    assert result.path.read_bytes() == c.data
+    assert result.fetched_shards == len(c.signed.message.shard_hashes)
+    assert stats(result, "stuck").failures == 0  # superseded, not blamed
 
 
 async def test_a_peer_dying_mid_transfer_costs_only_its_shard(tmp_path: Path) -> None:

@@ -1,0 +1,109 @@
+"""SHARDCAST between real nodes (libp2p on 127.0.0.1): control on streams, bytes on the data
+channel when offered and on the shard stream when not; bad requests refused, server unharmed."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import trio
+
+from node.runtime import Node
+from swarm.errors import PeerError
+from swarm.shardcast import FetchConfig, ShardStore, fetch_manifest, fetch_version, publish
+from swarm.shardcast.datachannel import DataChannelServer
+from swarm.shardcast.protocol import ShardRequest
+from swarm.shardcast.serve import ShardServer
+from swarm.shardcast.streams import SHARD, SHARD_LIMITS, StreamShardSource, serve_shardcast
+from tests.netfactory import NetFactory, wait_until
+from tests.shardcast_util import checkpoint
+
+pytestmark = pytest.mark.slow
+
+
+async def two_nodes(net: NetFactory) -> tuple[Node, Node]:
+    await net.bootstrap()
+    trainer = await net.node("trainer")
+    receiver = await net.node("inference")
+    await wait_until(lambda: receiver.peers_by_role().get("trainer"), 20)
+    return trainer, receiver
+
+
+@pytest.mark.parametrize("offer_channel", [True, False])
+async def test_a_node_fetches_a_published_version_from_the_trainer(
+    tmp_path: Path, offer_channel: bool
+) -> None:
+    async with trio.open_nursery() as nursery, NetFactory() as net:
+        trainer, receiver = await two_nodes(net)
+        ckpt = checkpoint(tmp_path / "policy.safetensors", 300_000)
+        store = ShardStore(tmp_path / "trainer")
+        publish(
+            ckpt,
+            key=net.trainer_keys[0],
+            genesis=net.genesis,
+            version=1,
+            store=store,
+            shard_size=65_536,
+        )
+        server = ShardServer(store)
+        channel = None
+        if offer_channel:
+            channel = DataChannelServer(server)
+            await nursery.start(channel.run)
+        serve_shardcast(trainer, server, channel)
+
+        source = StreamShardSource(receiver)
+        manifest = await fetch_manifest(source, [trainer.peer_id], net.genesis)
+        assert manifest.message.version == 1
+        result = await fetch_version(
+            ShardStore(tmp_path / "rx"),
+            manifest,
+            source,
+            [trainer.peer_id],
+            config=FetchConfig(stall_timeout=10),
+            rng=random.Random(0),
+        )
+        source.close()
+        assert result.path.read_bytes() == ckpt.read_bytes()
+        if offer_channel:
+            assert source.channel_pulls > 0 and source.stream_pulls == 0
+        else:
+            assert source.stream_pulls > 0 and source.channel_pulls == 0
+        nursery.cancel_scope.cancel()  # the data channel; the nodes stop with the factory
+
+
+async def test_bad_stream_requests_are_refused_and_the_server_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    async with NetFactory() as net:
+        trainer, receiver = await two_nodes(net)
+        ckpt = checkpoint(tmp_path / "policy.safetensors", 100_000)
+        store = ShardStore(tmp_path / "trainer")
+        publish(
+            ckpt,
+            key=net.trainer_keys[0],
+            genesis=net.genesis,
+            version=1,
+            store=store,
+            shard_size=65_536,
+        )
+        serve_shardcast(trainer, ShardServer(store))
+        source = StreamShardSource(receiver, data_channel=False)
+        with pytest.raises(PeerError, match="not held"):
+            await fetch_manifest(source, [trainer.peer_id], net.genesis, 7)
+        bad = [
+            ShardRequest("get", 1, 99, 0, 10),
+            ShardRequest("get", 1, 0, 70_000, 10),
+            ShardRequest("get", 1, 0, 0, 2**40),
+            ShardRequest("channel", 1),
+        ]
+        for request in bad:
+            with pytest.raises(PeerError, match="refused"):
+                await receiver.request(trainer.peer_id, SHARD, request.to_bytes(), SHARD_LIMITS)
+        with pytest.raises(PeerError, match="refused"):
+            await receiver.request(trainer.peer_id, SHARD, b"\x93garbage", SHARD_LIMITS)
+        piece = await receiver.request(
+            trainer.peer_id, SHARD, ShardRequest("get", 1, 1, 5, 20).to_bytes(), SHARD_LIMITS
+        )
+        assert piece == ckpt.read_bytes()[65_536 + 5 : 65_536 + 25]
