@@ -85,6 +85,7 @@ def child() -> Iterator[ChildEngine]:
     eng.close()
 
 
+@pytest.mark.slow
 def test_child_generates_what_the_in_process_engine_does(
     child: ChildEngine, engine: TorchEngine
 ) -> None:
@@ -96,6 +97,7 @@ def test_child_generates_what_the_in_process_engine_does(
     assert np.array_equal(pre.hidden, engine.prefill(PROMPTS[0], here[0].tokens).hidden)
 
 
+@pytest.mark.slow
 async def test_child_is_usable_from_trio(child: ChildEngine) -> None:
     gens = await child.agenerate(PROMPTS[:2], [1, 2], 0.0, 8)
     assert len(gens) == 2
@@ -103,12 +105,14 @@ async def test_child_is_usable_from_trio(child: ChildEngine) -> None:
     assert pres[0].hidden.shape[0] == len(gens[0].tokens)
 
 
+@pytest.mark.slow
 def test_child_errors_are_engine_errors_and_it_stays_up(child: ChildEngine) -> None:
     with pytest.raises(EngineError, match="failed"):
         child.generate([[]], [1], 1.0, 4)
     assert len(child.generate(PROMPTS[:1], [1], 1.0, 4)) == 1
 
 
+@pytest.mark.slow
 def test_child_crash_is_a_clear_error_and_restart_recovers(child: ChildEngine) -> None:
     assert child.pid is not None
     os.kill(child.pid, signal.SIGKILL)
@@ -118,6 +122,7 @@ def test_child_crash_is_a_clear_error_and_restart_recovers(child: ChildEngine) -
     assert len(child.generate(PROMPTS[:1], [1], 1.0, 4)[0].tokens) >= 1
 
 
+@pytest.mark.slow
 def test_child_on_a_bad_model_dir_fails_clearly(tmp_path: Path) -> None:
     with pytest.raises(EngineError, match=r"config\.json"):
         ChildEngine(tmp_path)
