@@ -1,0 +1,132 @@
+"""The validator's judgement on the embedded model: honest work is accepted with the verifier's
+rewards; each cheat of the detection matrix is rejected hard; honest lateness is soft."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from node.compute.torch_engine import TorchEngine
+from node.model import DEFAULT_MODEL_DIR
+from node.rl.rollout import generate_groups
+from node.rl.submission import build_submission
+from node.roles.judge import JudgeContext, judge
+from node.tasks.suite import default_suite
+from swarm.assignment import assign
+from swarm.identity import NodeKey
+from swarm.ledger import fold
+from swarm.messages import RolloutSubmission, RunParams, Signed, sign
+
+PARAMS = RunParams(group_size=4, batch_prompts=2, max_tokens=8, temperature=1.0)
+RUN = "ab" * 16
+WORKER = NodeKey.from_seed(b"\x05" * 32)
+SUITE = default_suite()
+
+
+@pytest.fixture(scope="module")
+def engine() -> TorchEngine:
+    return TorchEngine.from_dir(DEFAULT_MODEL_DIR, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def honest(engine: TorchEngine) -> RolloutSubmission:
+    a = assign(RUN, 3, WORKER.peer_id, 0, n_prompts=2, suite_size=SUITE.size)
+    return build_submission(
+        generate_groups(engine, SUITE, a, PARAMS), run_id=RUN, version=3, counter=0
+    )
+
+
+def context(newest: int = 3, banned: bool = False) -> JudgeContext:
+    from swarm.messages import LedgerEvent
+
+    events = []
+    if banned:
+        events = [sign(LedgerEvent(RUN, "slash", WORKER.peer_id, 10_000, b"e", 0), WORKER)]
+    return JudgeContext(RUN, PARAMS, SUITE, newest, fold(events, PARAMS))
+
+
+def resign(sub: RolloutSubmission, **changes: Any) -> Signed[RolloutSubmission]:
+    return sign(dataclasses.replace(sub, **changes), WORKER)
+
+
+def edit_sample(sub: RolloutSubmission, j: int, **changes: Any) -> Signed[RolloutSubmission]:
+    samples = list(sub.samples)
+    samples[j] = dataclasses.replace(samples[j], **changes)
+    return resign(sub, samples=tuple(samples))
+
+
+def test_honest_submission_is_accepted_with_verifier_rewards(
+    engine: TorchEngine, honest: RolloutSubmission
+) -> None:
+    j = judge(sign(honest, WORKER), context(), engine, counter_seen=False)
+    assert j.accepted and j.severity == "none", j.reasons
+    assert len(j.rewards) == 8 and all(r in (0.0, 1.0) for r in j.rewards)
+    assert [len(g.completions) for g in j.groups] == [4, 4]
+    verdict = j.verdict(sign(honest, WORKER), 0)
+    assert verdict.worker == WORKER.peer_id and verdict.accepted
+
+
+def test_honest_fp32_work_passes_a_bf16_validator(honest: RolloutSubmission) -> None:
+    bf16 = TorchEngine.from_dir(DEFAULT_MODEL_DIR, dtype="bfloat16")
+    j = judge(sign(honest, WORKER), context(), bf16, counter_seen=False)
+    assert j.accepted, j.reasons
+
+
+CHEATS: dict[str, Callable[[RolloutSubmission], Signed[RolloutSubmission]]] = {
+    "unassigned prompts": lambda s: resign(s, prompt_ids=("1", "2")),
+    "wrong seed": lambda s: edit_sample(s, 0, seed=s.samples[0].seed + 1),
+    "edited token": lambda s: edit_sample(
+        s, 1, tokens=(s.samples[1].tokens[0] ^ 1, *s.samples[1].tokens[1:])
+    ),
+    "false finish": lambda s: edit_sample(
+        s, 2, tokens=s.samples[2].tokens[:1], finish_reason="stop"
+    ),
+    "too few samples": lambda s: resign(s, samples=s.samples[:-1]),
+}
+
+
+@pytest.mark.parametrize("cheat", sorted(CHEATS))
+def test_each_cheat_is_rejected_hard(
+    engine: TorchEngine, honest: RolloutSubmission, cheat: str
+) -> None:
+    j = judge(CHEATS[cheat](honest), context(), engine, counter_seen=False)
+    assert not j.accepted and j.severity == "hard", (cheat, j.reasons)
+
+
+def test_other_weights_are_rejected_hard(honest: RolloutSubmission) -> None:
+    other = TorchEngine.from_dir(DEFAULT_MODEL_DIR, dtype="float32")
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in other.model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * p.abs().mean() * 0.5)
+    a = assign(RUN, 3, WORKER.peer_id, 0, n_prompts=2, suite_size=SUITE.size)
+    forged = build_submission(
+        generate_groups(other, SUITE, a, PARAMS), run_id=RUN, version=3, counter=0
+    )
+    honest_engine = TorchEngine.from_dir(DEFAULT_MODEL_DIR, dtype="float32")
+    j = judge(sign(forged, WORKER), context(), honest_engine, counter_seen=False)
+    assert not j.accepted and j.severity == "hard", j.reasons
+
+
+def test_replay_is_hard(engine: TorchEngine, honest: RolloutSubmission) -> None:
+    j = judge(sign(honest, WORKER), context(), engine, counter_seen=True)
+    assert not j.accepted and j.severity == "hard" and "replay" in j.reasons[0]
+
+
+def test_version_outside_the_window_is_soft(engine: TorchEngine, honest: RolloutSubmission) -> None:
+    j = judge(sign(honest, WORKER), context(newest=9), engine, counter_seen=False)
+    assert not j.accepted and j.severity == "soft"
+
+
+def test_banned_worker_is_refused(engine: TorchEngine, honest: RolloutSubmission) -> None:
+    j = judge(sign(honest, WORKER), context(banned=True), engine, counter_seen=False)
+    assert not j.accepted and "banned" in j.reasons[0]
+
+
+def test_other_run_is_refused(engine: TorchEngine, honest: RolloutSubmission) -> None:
+    j = judge(resign(honest, run_id="cd" * 16), context(), engine, counter_seen=False)
+    assert not j.accepted and "not " + RUN in j.reasons[0]
