@@ -1,12 +1,16 @@
 """The ledger's grow-only event set in SQLite (WAL; one transaction per batch; survives kill -9).
 
 The database holds each event's exact envelope bytes keyed by its id, so an auditor can re-verify
-every signature from the file alone. ``add`` checks every event against the run's rules before it
-writes anything: a batch lands whole or not at all.
+every signature from the file alone, and the evidence behind slashes (the worker's signed
+submission and the validator's signed verdict), so the auditor can replay it. ``balances`` is the
+fold materialised after every batch: what ``ledger show`` prints and what ``audit`` re-derives.
+``add`` checks every event against the run's rules before it writes anything: a batch lands
+whole or not at all.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -29,6 +33,14 @@ CREATE TABLE IF NOT EXISTS events (
     raw BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_peer ON events (peer);
+CREATE TABLE IF NOT EXISTS evidence (
+    id BLOB PRIMARY KEY,
+    kind TEXT NOT NULL,
+    subject BLOB NOT NULL,
+    raw BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS evidence_subject ON evidence (subject);
+CREATE TABLE IF NOT EXISTS balances (peer TEXT PRIMARY KEY, balance INTEGER NOT NULL);
 """
 
 
@@ -99,11 +111,42 @@ class LedgerStore:
                 )
                 if cursor.rowcount:
                     added.append(event)
+            if added:
+                self._materialise()
             self._db.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
             self._db.execute("ROLLBACK")
             raise StorageError(f"ledger {self.path}: write failed: {exc}") from exc
         return added
+
+    def _materialise(self) -> None:
+        """Rewrite the balances table from a fold over every event (inside the caller's
+        transaction). O(events) per batch: a run's ledger stays small next to its rollouts."""
+        balances = self.balances()
+        self._db.execute("DELETE FROM balances")
+        self._db.executemany("INSERT INTO balances VALUES (?, ?)", balances.by_peer.items())
+
+    def stored_balances(self) -> dict[str, int]:
+        """The materialised balances (peers with at least one counted event)."""
+        return {p: int(b) for p, b in self._db.execute("SELECT peer, balance FROM balances")}
+
+    def add_evidence(self, kind: str, subject: bytes, raw: bytes) -> None:
+        """Keep a signed object (a submission or a verdict) that ``subject`` (a submission id)
+        refers to. Idempotent."""
+        try:
+            self._db.execute(
+                "INSERT OR IGNORE INTO evidence VALUES (?, ?, ?, ?)",
+                (hashlib.sha256(raw).digest(), kind, subject, raw),
+            )
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(f"ledger {self.path}: write failed: {exc}") from exc
+
+    def evidence(self, subject: bytes, kind: str | None = None) -> list[bytes]:
+        """Envelope bytes of the evidence about ``subject`` (optionally of one kind)."""
+        rows = self._db.execute(
+            "SELECT kind, raw FROM evidence WHERE subject = ? ORDER BY id", (subject,)
+        )
+        return [bytes(raw) for k, raw in rows if kind is None or k == kind]
 
     def ids(self) -> set[bytes]:
         return {bytes(r[0]) for r in self._db.execute("SELECT id FROM events")}
