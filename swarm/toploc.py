@@ -243,13 +243,22 @@ def build_proofs(hidden: Any, chunk_size: int = CHUNK_SIZE, topk: int = TOPK) ->
     ``hidden``: [n_tokens, hidden_dim] as bf16 bits (uint16) or floats (numpy or torch).
     Raises :class:`ProofError` on a wrong shape, non-finite values or too few values per chunk.
     """
+    return build_proofs_batch([hidden], chunk_size, topk)[0]
+
+
+def build_proofs_batch(
+    hiddens: list[Any], chunk_size: int = CHUNK_SIZE, topk: int = TOPK
+) -> list[list[bytes]]:
+    """:func:`build_proofs` for many samples at once (one interpolation over all their chunks:
+    much faster than a call per sample when samples are short)."""
     import numpy as np
 
     if topk <= 0:
         raise ProofError(f"topk must be positive, got {topk}")
-    chunks = _chunks(to_bf16_bits(hidden), chunk_size)
+    per_sample = [_chunks(to_bf16_bits(h), chunk_size) for h in hiddens]
+    chunks = [c for cs in per_sample for c in cs]
     if not chunks:
-        return []
+        return [[] for _ in hiddens]
     xs, ys, moduli = [], [], []
     for flat in chunks:
         idx = _topk(flat, topk)
@@ -258,9 +267,14 @@ def build_proofs(hidden: Any, chunk_size: int = CHUNK_SIZE, topk: int = TOPK) ->
         xs.append(idx % m)
         ys.append(flat[idx].astype(np.int64))
     coeffs = _newton_coefficients(np.stack(xs), np.stack(ys))
-    out = []
-    for m, row in zip(moduli, coeffs, strict=True):
-        out.append(m.to_bytes(2, "big") + row.astype(">u2").tobytes())
+    flat_out = [
+        m.to_bytes(2, "big") + row.astype(">u2").tobytes()
+        for m, row in zip(moduli, coeffs, strict=True)
+    ]
+    out: list[list[bytes]] = []
+    for cs in per_sample:
+        out.append(flat_out[: len(cs)])
+        flat_out = flat_out[len(cs) :]
     return out
 
 

@@ -13,6 +13,7 @@ from swarm.toploc import (
     ProofCheck,
     ProofThresholds,
     build_proofs,
+    build_proofs_batch,
     proof_size,
     proofs_pass,
     to_bf16_bits,
@@ -134,6 +135,12 @@ def test_proofs_are_byte_identical_to_the_reference(
     assert ours == ref_build(hidden, chunk, k)
     assert all(len(p) == proof_size(k) for p in ours)
     assert len(ours) == -(-rows // chunk)
+
+
+def test_batch_build_equals_per_sample_build() -> None:
+    hiddens = [distinct_magnitudes(r, 64, seed=r) for r in (3, 40, 70)]
+    assert build_proofs_batch(hiddens) == [build_proofs(h) for h in hiddens]
+    assert build_proofs_batch([]) == []
 
 
 def test_numpy_bits_torch_bf16_and_float32_inputs_give_the_same_proofs() -> None:
