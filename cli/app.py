@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from cli import identity, run
+from cli import identity, ledger, net, run
 from cli.common import err_console
 from swarm.errors import SwarmError
 
@@ -22,6 +22,8 @@ app = typer.Typer(
 )
 identity.register(app)
 run.register(app)
+net.register(app)
+ledger.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -94,6 +94,10 @@ class NodeHome:
     def lock_path(self) -> Path:
         return self.path / "node.lock"
 
+    def run_dir(self, run_id: str) -> Path:
+        """Where a run's data lives: ledger, evidence, shards, trainer state."""
+        return self.path / "runs" / run_id
+
     def has_key(self) -> bool:
         return self.key_path.exists()
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from node.tasks.suite import TaskSuite, default_suite
 from swarm.errors import ConfigError, MalformedError, SwarmError
 from swarm.identity import NodeKey, public_from_peer_id
 from swarm.messages import ModelSpec, RunGenesis, RunParams, Signed, decode, run_id_of, sign
@@ -85,6 +86,16 @@ def load_genesis(path: Path) -> Signed[RunGenesis]:
             f"run genesis {path} failed verification ({exc}); it was changed after signing or is"
             " not a genesis: ask the run owner for the original file"
         ) from exc
+
+
+def suite_for(genesis: RunGenesis) -> TaskSuite:
+    """The task suite a genesis names; ``ConfigError`` for one this software does not ship."""
+    if genesis.task_suite != DEFAULT_TASK_SUITE:
+        raise ConfigError(
+            f"run uses task suite {genesis.task_suite!r}; this swarm-node ships only"
+            f" {DEFAULT_TASK_SUITE!r} (upgrade swarm-node)"
+        )
+    return default_suite(genesis.task_seed)
 
 
 def describe(genesis: Signed[RunGenesis]) -> Mapping[str, object]:

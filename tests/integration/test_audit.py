@@ -1,0 +1,122 @@
+"""Audit replays every slash from the ledger alone and agrees with honest validators; it
+disagrees, with exit 1, when a validator slashed honest work."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from cli.app import main
+from node.audit import audit_bundle, audit_ledger, export_bundle, policy_dir_source
+from node.compute.torch_engine import TorchEngine
+from node.model import DEFAULT_MODEL_DIR
+from node.rl.rollout import generate_groups
+from node.rl.submission import build_submission
+from node.roles.judge import JudgeContext, Judgement, judge
+from node.roles.verdicts import record_judgement
+from node.run import create_genesis, suite_for
+from swarm.assignment import assign
+from swarm.identity import NodeKey
+from swarm.ledger import LedgerStore
+from swarm.messages import RolloutSubmission, RunParams, Signed, run_id_of, sign
+
+OWNER, VALIDATOR, TRAINER = (NodeKey.from_seed(bytes([i]) * 32) for i in (1, 2, 3))
+HONEST, CHEATER = NodeKey.from_seed(b"\x08" * 32), NodeKey.from_seed(b"\x09" * 32)
+PARAMS = RunParams(group_size=4, batch_prompts=2, max_tokens=8)
+GENESIS = create_genesis(
+    OWNER,
+    name="audit",
+    trainers=[TRAINER.peer_id],
+    validators=[VALIDATOR.peer_id],
+    params=PARAMS,
+    created_at=1,
+)
+RUN = run_id_of(GENESIS)
+SUITE = suite_for(GENESIS.message)
+
+
+@pytest.fixture(scope="module")
+def engine() -> TorchEngine:
+    return TorchEngine.from_dir(DEFAULT_MODEL_DIR)
+
+
+def work(engine: TorchEngine, key: NodeKey, counter: int) -> RolloutSubmission:
+    a = assign(RUN, 0, key.peer_id, counter, n_prompts=2, suite_size=SUITE.size)
+    return build_submission(
+        generate_groups(engine, SUITE, a, PARAMS), run_id=RUN, version=0, counter=counter
+    )
+
+
+def validate(store: LedgerStore, engine: TorchEngine, sub: Signed[RolloutSubmission]) -> Judgement:
+    ctx = JudgeContext(RUN, PARAMS, SUITE, 0, store.balances())
+    j = judge(sub, ctx, engine, counter_seen=False)
+    record_judgement(store, VALIDATOR, sub, j, PARAMS)
+    return j
+
+
+def test_audit_agrees_with_an_honest_validator_and_bundles_replay(
+    engine: TorchEngine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = LedgerStore(tmp_path / "ledger.db", GENESIS)
+    honest = sign(work(engine, HONEST, 0), HONEST)
+    assert validate(store, engine, honest).accepted
+    real = work(engine, CHEATER, 0)
+    samples = list(real.samples)
+    samples[0] = dataclasses.replace(
+        samples[0], tokens=(samples[0].tokens[0] ^ 1, *samples[0].tokens[1:])
+    )
+    cheat = sign(dataclasses.replace(real, samples=tuple(samples)), CHEATER)
+    assert validate(store, engine, cheat).severity == "hard"
+    assert store.balances().banned(CHEATER.peer_id) and not store.balances().banned(HONEST.peer_id)
+    store.close()
+
+    rows = audit_ledger(tmp_path / "ledger.db", policy_dir_source(None))
+    assert all(r.ok for r in rows), rows
+    assert [r.check for r in rows].count("slash replay") == 1
+
+    bundle = tmp_path / "cheat.bundle"
+    export_bundle(tmp_path / "ledger.db", cheat.id, bundle)
+    assert all(r.ok for r in audit_bundle(bundle, policy_dir_source(None)))
+    export_bundle(tmp_path / "ledger.db", honest.id, tmp_path / "honest.bundle")
+    assert all(r.ok for r in audit_bundle(tmp_path / "honest.bundle", policy_dir_source(None)))
+
+    with pytest.raises(SystemExit) as done:
+        main(["audit", str(tmp_path / "ledger.db")])
+    assert done.value.code == 0 and "audit agrees" in capsys.readouterr().out
+
+    with pytest.raises(SystemExit):
+        main(["ledger", "show", "--db", str(tmp_path / "ledger.db"), "--json"])
+    import json
+
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["balances"][CHEATER.peer_id]["banned"] is True
+    assert shown["balances"][HONEST.peer_id] == {"balance": 108, "banned": False}
+
+
+def test_audit_disagrees_with_a_slash_of_honest_work(
+    engine: TorchEngine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = LedgerStore(tmp_path / "ledger.db", GENESIS)
+    honest = sign(work(engine, HONEST, 1), HONEST)
+    unfair = Judgement(False, "hard", ["made up"])
+    record_judgement(store, VALIDATOR, honest, unfair, PARAMS)
+    store.close()
+    rows = audit_ledger(tmp_path / "ledger.db", policy_dir_source(None))
+    assert [r.ok for r in rows if r.check == "slash replay"] == [False]
+    with pytest.raises(SystemExit) as done:
+        main(["audit", str(tmp_path / "ledger.db")])
+    assert done.value.code == 1 and "DISAGREE" in capsys.readouterr().out
+
+
+def test_audit_of_a_missing_or_foreign_file_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"\x93\x01\x02")
+    for path in (junk, tmp_path / "missing"):
+        with pytest.raises(SystemExit) as done:
+            main(["audit", str(path)])
+        assert done.value.code == 2
+        assert capsys.readouterr().err.startswith("error:")
