@@ -77,9 +77,11 @@ class RuntimeConfig:
     metrics_port: int | None = None
     heartbeat: float = 1.0
     advert_ttl_s: float = 600.0
-    discover_every_s: float = 2.0
+    discover_every_s: float = 3.0
     dial: DialPolicy = field(default_factory=DialPolicy)
     capabilities: dict[str, Any] = field(default_factory=dict)
+    connect_found_peers: bool = True
+    """Dial the run's peers found in the DHT (tests of fixed topologies turn this off)."""
 
     def check(self) -> None:
         """Refuse bad input before any network use (``ConfigError`` / ``NotAuthorizedError``)."""
@@ -180,7 +182,8 @@ class Node:
             nursery.start_soon(self._check_reachability)
         await self.membership.publish()
         nursery.start_soon(self.membership.run)
-        nursery.start_soon(self._connect_found_peers)
+        if self.config.connect_found_peers:
+            nursery.start_soon(self._connect_found_peers)
 
     def _policy_gate(self, data: bytes) -> bool:
         return self.policy_gate.accept(data) is not None

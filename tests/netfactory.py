@@ -55,7 +55,7 @@ class NetFactory:
         validators: int = 1,
         *,
         heartbeat: float = 0.2,
-        discover_every_s: float = 0.3,
+        discover_every_s: float = 1.0,
         home_root: Path | None = None,
     ) -> None:
         self.owner = key_named("owner")

@@ -28,7 +28,8 @@ DEFAULT_LISTEN = ("/ip4/0.0.0.0/tcp/4001",)
 
 @dataclass(frozen=True, slots=True)
 class HostLimits:
-    """Connection limits handed to py-libp2p's resource manager."""
+    """Connection limits handed to py-libp2p's resource manager (``None`` in ``build_host``
+    keeps py-libp2p's defaults, which also bound streams and memory)."""
 
     max_connections: int = 256
     max_per_peer: int = 4
@@ -78,16 +79,17 @@ def build_host(key: NodeKey, listen: Sequence[str], limits: HostLimits | None = 
 
     Raises ``ConfigError`` for a malformed listen address.
     """
-    limits = limits or HostLimits()
     addrs = [parse_multiaddr(a) for a in listen]
-    rcmgr = new_resource_manager(
-        connection_limits=ConnectionLimits(
-            max_established_total=limits.max_connections,
-            max_established_per_peer=limits.max_per_peer,
-            max_pending_inbound=limits.max_pending_inbound,
-        ),
-        enable_metrics=False,
-    )
+    rcmgr = None  # None: py-libp2p builds its default resource manager
+    if limits is not None:
+        rcmgr = new_resource_manager(
+            connection_limits=ConnectionLimits(
+                max_established_total=limits.max_connections,
+                max_established_per_peer=limits.max_per_peer,
+                max_pending_inbound=limits.max_pending_inbound,
+            ),
+            enable_metrics=False,
+        )
     host = new_host(key_pair=key_pair(key), listen_addrs=addrs, resource_manager=rcmgr)
     if host.get_id().to_base58() != key.peer_id:  # pragma: no cover - a py-libp2p change
         raise ConfigError("py-libp2p derived another peer ID from the node key")

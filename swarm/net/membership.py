@@ -33,7 +33,7 @@ RUN_ROLES: tuple[Role, ...] = tuple(r for r in ROLES if r != "bootstrap")
 class MembershipConfig:
     software: str = "swarm-node"
     advert_ttl_s: float = 600.0
-    discover_every_s: float = 2.0
+    discover_every_s: float = 3.0
     capabilities: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -121,7 +121,7 @@ class Membership:
         """Look every role up once; returns ``peers_by_role()``."""
         for role in RUN_ROLES:
             for peer in await self.overlay.find_providers(role_provider_key(self.run_id, role)):
-                if peer == self.key.peer_id:
+                if peer == self.key.peer_id or self._fresh(peer):
                     continue
                 signed = await self.overlay.get_advert(self.run_id, peer)
                 if signed is None or not self._accept(role, signed):
@@ -134,6 +134,14 @@ class Membership:
                     self._peers[peer] = signed
                     self.found.set()
         return self.peers_by_role()
+
+    def _fresh(self, peer: str) -> bool:
+        """Known with more than half its advert's lifetime left (no need to fetch it again)."""
+        known = self._peers.get(peer)
+        if known is None:
+            return False
+        advert = known.message
+        return self.overlay.config.clock() < (advert.issued_at + advert.expires_at) // 2
 
     def peers_by_role(self) -> dict[str, list[str]]:
         """Peers with an unexpired advert, by role (we are not in it)."""
@@ -178,7 +186,7 @@ class Membership:
     async def run(self) -> None:
         """Publish now and keep advert, provider record and peer list fresh until cancelled."""
         refresh_every = self.config.advert_ttl_s / 3
-        next_refresh = trio.current_time()
+        next_refresh = trio.current_time() + (refresh_every if self.mine else 0.0)
         while True:
             if trio.current_time() >= next_refresh:
                 try:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -43,6 +43,8 @@ from swarm.net.records import Clock, RoleAdvertValidator, check_advert, wall_clo
 log = logging.getLogger(__name__)
 
 DEFAULT_DIAL = DialPolicy()
+_QUERY_TIMEOUT_S = 5.0
+_ASK_CLOSEST = 4
 
 Gate = Callable[[bytes], bool]
 """A topic gate: ``True`` accepts (deliver and forward) the message data, ``False`` drops it."""
@@ -53,7 +55,7 @@ class OverlayConfig:
     listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",)
     heartbeat: float = 1.0
     dht_server: bool = True
-    limits: HostLimits = field(default_factory=HostLimits)
+    limits: HostLimits | None = None
     clock: Clock = wall_clock_ms
     gossip_degree: tuple[int, int, int] = (6, 4, 12)
 
@@ -207,13 +209,42 @@ class Overlay:
             raise NetworkError(f"publishing a provider record failed: {exc}") from exc
 
     async def find_providers(self, key: str, count: int = 64) -> list[str]:
-        """Peer IDs (deduplicated) that announced themselves under ``key``."""
-        try:
-            infos = await self.dht.find_providers(key, count)
-        except Exception as exc:
-            log.debug("find_providers failed: %s", exc)
-            return []
-        return list(dict.fromkeys(str(info.peer_id) for info in infos))
+        """Peer IDs (deduplicated) that announced themselves under ``key`` (hex).
+
+        py-libp2p's ``find_providers`` answers from the local store alone as soon as that holds
+        any provider, so a node would only ever see peers that joined after it; this asks the
+        peers closest to the key as well, every time.
+        """
+        raw = bytes.fromhex(key)
+        store = self.dht.provider_store
+        found: dict[str, Any] = {str(p.peer_id): p for p in store.get_providers(raw)}
+        # The closest peers our routing table knows; an iterative network lookup only when it
+        # knows none (a lookup per role per round would cost every node a busy CPU).
+        closest = self.dht.routing_table.find_local_closest_peers(raw, _ASK_CLOSEST)
+        if not closest:
+            try:
+                closest = await self.dht.peer_routing.find_closest_peers_network(raw)
+            except Exception as exc:
+                log.debug("closest-peers lookup failed: %s", exc)
+                closest = list(self.host.get_connected_peers())
+
+        async def ask(peer: Any) -> None:
+            with trio.move_on_after(_QUERY_TIMEOUT_S):
+                try:
+                    providers, _ = await store._get_providers_from_peer_with_closers(peer, raw)
+                except Exception as exc:
+                    log.debug("providers query to %s failed: %s", peer, exc)
+                    return
+                for info in providers or ():
+                    if str(info.peer_id) not in found:
+                        found[str(info.peer_id)] = info
+                        store.add_provider(raw, info)
+
+        async with trio.open_nursery() as nursery:
+            for peer in closest[:_ASK_CLOSEST]:
+                if str(peer) != self.peer_id:
+                    nursery.start_soon(ask, peer)
+        return list(found)[:count]
 
     # -- gossip ---------------------------------------------------------------------------------
 

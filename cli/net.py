@@ -1,0 +1,292 @@
+"""Network commands: bootstrap, join, announce, status. Parse, call node/ and bootstrap/,
+render; the logic lives in ``node.runtime`` and ``bootstrap.service``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import trio
+import typer
+from rich.logging import RichHandler
+from rich.table import Table
+
+from bootstrap.peers import EMPTY_LIST_HELP, default_peers
+from bootstrap.service import BootstrapConfig, BootstrapPeer
+from cli.common import HomeOption, console, err_console, open_home
+from node import admin
+from node.run import load_genesis
+from node.runtime import Node, RuntimeConfig, forever_policy
+from swarm.errors import ConfigError, SwarmError
+from swarm.messages import parse_role, run_id_of
+from swarm.net import DialPolicy, parse_multiaddr, parse_peer_addr
+
+ListenOption = Annotated[
+    list[str] | None,
+    typer.Option("--listen", help="Multiaddr to listen on (repeat). Default: the home's config."),
+]
+BootstrapOption = Annotated[
+    list[str] | None,
+    typer.Option("--bootstrap", help="Bootstrap peer multiaddr with /p2p/<id> (repeat)."),
+]
+
+
+def _logging(verbose: bool) -> None:
+    handler = RichHandler(console=err_console, show_path=False, rich_tracebacks=False)
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        handlers=[handler],
+        format="%(message)s",
+        force=True,
+    )
+    # py-libp2p logs peers' protocol mistakes as warnings; they are not ours to act on.
+    logging.getLogger("libp2p").setLevel(logging.DEBUG if verbose else logging.CRITICAL)
+    logging.getLogger("multiaddr").setLevel(logging.ERROR)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def run_async(fn: Callable[[], Awaitable[Any]]) -> Any:
+    """``trio.run`` that re-raises the first ``SwarmError`` (or Ctrl-C) out of task groups."""
+    try:
+        return trio.run(fn)
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        for leaf in leaves:
+            if isinstance(leaf, KeyboardInterrupt):
+                raise KeyboardInterrupt from group
+        for leaf in leaves:
+            if isinstance(leaf, SwarmError):
+                raise leaf from group
+        raise
+
+
+def _listen(home_listen: tuple[str, ...], listen: list[str] | None) -> list[str]:
+    addrs = list(listen or home_listen)
+    for addr in addrs:
+        parse_multiaddr(addr)
+    return addrs
+
+
+def _bootstrap_list(given: list[str] | None, home_list: tuple[str, ...]) -> list[str]:
+    peers = list(given or home_list or default_peers())
+    if not peers:
+        raise ConfigError(EMPTY_LIST_HELP)
+    for addr in peers:
+        parse_peer_addr(addr)
+    return peers
+
+
+async def _forever() -> None:
+    await trio.sleep_forever()
+
+
+def bootstrap(
+    listen: ListenOption = None,
+    peer: Annotated[
+        list[str] | None, typer.Option("--peer", help="Another bootstrap peer to dial (repeat).")
+    ] = None,
+    run: Annotated[
+        list[Path] | None,
+        typer.Option("--run", help="Genesis of a run to validate fully (repeat; optional)."),
+    ] = None,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+    home: HomeOption = None,
+) -> None:
+    """Run a long-lived bootstrap peer (DHT server, gossip router for any run)."""
+    node_home = open_home(home)
+    settings = node_home.load_config()
+    addrs = _listen(settings.listen, listen)
+    peers = [a for a in (peer or []) if parse_peer_addr(a)]
+    genesis = tuple(load_genesis(p) for p in run or [])
+    key = node_home.load_key()
+    _logging(verbose)
+    config = BootstrapConfig(key=key, listen=addrs, peers=peers, genesis=genesis)
+
+    async def main() -> None:
+        with node_home.lock():
+            async with BootstrapPeer.start(config) as boot, trio.open_nursery() as nursery:
+
+                async def status(_req: dict[str, Any]) -> dict[str, Any]:
+                    return {"status": boot.status()}
+
+                await nursery.start(
+                    admin.serve_admin, admin.socket_path(node_home.path), {"status": status}
+                )
+                for addr in boot.addrs():
+                    console.print(addr, highlight=False)
+                err_console.print(
+                    "bootstrap peer running; add the address above to the"
+                    " bootstrap lists. Ctrl-C stops it.",
+                    highlight=False,
+                )
+
+    try:
+        run_async(main)
+    except KeyboardInterrupt:
+        err_console.print("stopped", highlight=False)
+
+
+def join(
+    role: Annotated[str, typer.Option("--role", help="trainer, inference or validator.")],
+    run: Annotated[Path, typer.Option("--run", help="The run's genesis file.")],
+    bootstrap_peers: BootstrapOption = None,
+    listen: ListenOption = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Keep dialing until a bootstrap peer answers.")
+    ] = False,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics (127.0.0.1).")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+    home: HomeOption = None,
+) -> None:
+    """Join a run: dial bootstrap peers, advertise the role, follow policy gossip."""
+    try:
+        node_role = parse_role(role)
+    except SwarmError as exc:
+        raise ConfigError(str(exc)) from exc
+    if node_role == "bootstrap":
+        raise ConfigError("use `swarm-node bootstrap` to run a bootstrap peer")
+    genesis = load_genesis(run)
+    node_home = open_home(home)
+    settings = node_home.load_config()
+    config = RuntimeConfig(
+        key=node_home.load_key(),
+        genesis=genesis,
+        role=node_role,
+        listen=_listen(settings.listen, listen),
+        bootstrap=_bootstrap_list(bootstrap_peers, settings.bootstrap),
+        home=node_home,
+        metrics_port=metrics_port if metrics_port is not None else (settings.metrics_port or None),
+        dial=forever_policy() if wait else DialPolicy(),
+    )
+    config.check()  # unauthorized role, bad addresses: exit 2 before any network use
+    _logging(verbose)
+
+    async def main() -> None:
+        async with Node.start(config) as node:
+            err_console.print(
+                f"joined run {node.run_id} as {node.role} ({node.peer_id}); listening on"
+                f" {', '.join(node.overlay.addrs())}. Ctrl-C stops the node.",
+                highlight=False,
+            )
+            await _forever()
+
+    try:
+        run_async(main)
+    except KeyboardInterrupt:
+        err_console.print("stopped", highlight=False)
+
+
+def announce(
+    run: Annotated[Path, typer.Option("--run", help="The run's genesis file.")],
+    version: Annotated[int, typer.Option("--version", help="The policy version.", min=0)],
+    manifest: Annotated[str, typer.Option("--manifest", help="Manifest id (64 hex chars).")],
+    bootstrap_peers: BootstrapOption = None,
+    listen: ListenOption = None,
+    home: HomeOption = None,
+) -> None:
+    """Announce a policy version as a genesis trainer (through the home's running node, or
+    by joining briefly when none runs)."""
+    genesis = load_genesis(run)
+    run_id = run_id_of(genesis)
+    try:
+        manifest_id = bytes.fromhex(manifest)
+    except ValueError as exc:
+        raise ConfigError(f"--manifest {manifest[:80]!r} is not hex") from exc
+    if len(manifest_id) != 32:
+        raise ConfigError("--manifest must be 32 bytes (64 hex characters)")
+    node_home = open_home(home)
+    sock = admin.socket_path(node_home.path)
+    if sock.exists():
+
+        async def through_node() -> dict[str, Any]:
+            status = (await admin.query(sock, {"cmd": "status"}))["status"]
+            if status.get("run_id") != run_id:
+                raise ConfigError(
+                    f"the node running with home {node_home.path} is in run"
+                    f" {status.get('run_id')}, not {run_id}"
+                )
+            return await admin.query(
+                sock, {"cmd": "announce", "version": version, "manifest": manifest}
+            )
+
+        answer = run_async(through_node)
+        console.print(f"announced policy version {version} ({answer['announced']['id'][:16]})")
+        return
+    settings = node_home.load_config()
+    config = RuntimeConfig(
+        key=node_home.load_key(),
+        genesis=genesis,
+        role="trainer",
+        listen=_listen(("/ip4/0.0.0.0/tcp/0",), listen),
+        bootstrap=_bootstrap_list(bootstrap_peers, settings.bootstrap),
+        home=node_home,
+    )
+    config.check()
+    _logging(False)
+
+    async def transient() -> None:
+        async with Node.start(config) as node:
+            topic = f"swarm-node/{node.run_id}/policy"
+            with trio.move_on_after(10):
+                while not node.overlay.mesh_peers(topic):
+                    await trio.sleep(0.1)
+            await node.announce_policy(version, manifest_id)
+            await trio.sleep(2 * config.heartbeat)  # let the mesh carry it on
+
+    run_async(transient)
+    console.print(f"announced policy version {version}")
+
+
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    home: HomeOption = None,
+) -> None:
+    """Show the running node's run, role, peers by role, policy version and gossip counts."""
+    sock = admin.socket_path(open_home(home).path)
+    info = run_async(lambda: admin.query(sock, {"cmd": "status"}))["status"]
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+        return
+    table = Table(show_header=False, box=None)
+    for key in (
+        "run_id",
+        "run_name",
+        "role",
+        "peer_id",
+        "reachability",
+        "policy_version",
+        "uptime_s",
+        "connected_peers",
+    ):
+        if key in info:
+            table.add_row(key, str(info[key]))
+    for addr in info.get("listen_addrs", []):
+        table.add_row("listen", addr)
+    for role, peers in info.get("peers_by_role", {}).items():
+        table.add_row(f"peers ({role})", f"{len(peers)}  " + " ".join(p[-8:] for p in peers))
+    gossip = info.get("gossip", {})
+    for topic, n in gossip.get("accepted", {}).items():
+        table.add_row(f"accepted ({topic})", str(n))
+    for topic, reasons in gossip.get("rejected", {}).items():
+        for reason, n in reasons.items():
+            table.add_row(f"rejected ({topic}, {reason})", str(n))
+    for warning in info.get("warnings", []):
+        table.add_row("WARNING", warning)
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bootstrap")(bootstrap)
+    app.command("join")(join)
+    app.command("announce")(announce)
+    app.command("status")(status)
