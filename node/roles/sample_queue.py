@@ -1,0 +1,109 @@
+"""The trainer's persisted queue of accepted samples (SQLite, WAL).
+
+No accepted sample is lost or used twice across restarts. A step reserves its batch by writing
+the step's number on the rows (``take``) before training; the checkpoint written after the step
+records the version it produced. On restart ``recover(version)`` releases every reservation of a
+step that never completed (step >= the checkpoint's version), so the batch is trained exactly once
+whichever moment the trainer died at.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import msgpack
+
+from node.compute.grpo import Group
+from swarm.errors import StorageError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS accepted (
+    submission_id BLOB PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    groups BLOB NOT NULL,
+    step INTEGER
+);
+CREATE INDEX IF NOT EXISTS accepted_free ON accepted (step, version);
+"""
+
+
+def _pack(groups: list[Group]) -> bytes:
+    return msgpack.packb(  # type: ignore[no-any-return]
+        [[g.prompt, g.completions, g.rewards, g.version] for g in groups], use_bin_type=True
+    )
+
+
+def _unpack(data: bytes) -> list[Group]:
+    return [Group(p, c, r, v) for p, c, r, v in msgpack.unpackb(data)]
+
+
+class SampleQueue:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(f"sample queue {path} cannot be opened: {exc}") from exc
+
+    def put(self, submission_id: bytes, version: int, groups: list[Group]) -> bool:
+        """Queue one accepted submission's groups; False if it was queued before."""
+        try:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO accepted VALUES"
+                " (?, (SELECT coalesce(max(seq), 0) + 1 FROM accepted), ?, ?, NULL)",
+                (submission_id, version, _pack(groups)),
+            )
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(f"sample queue {self.path}: write failed: {exc}") from exc
+        return cur.rowcount == 1
+
+    def pending(self, min_version: int = 0) -> int:
+        """Groups' submissions waiting, made by ``min_version`` or newer."""
+        row = self._db.execute(
+            "SELECT count(*) FROM accepted WHERE step IS NULL AND version >= ?", (min_version,)
+        ).fetchone()
+        return int(row[0])
+
+    def take(
+        self, step: int, max_submissions: int, min_version: int
+    ) -> list[tuple[bytes, list[Group]]]:
+        """Reserve up to ``max_submissions`` (oldest first, inside the window) for ``step``."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            rows = self._db.execute(
+                "SELECT submission_id, groups FROM accepted WHERE step IS NULL AND version >= ?"
+                " ORDER BY seq LIMIT ?",
+                (min_version, max_submissions),
+            ).fetchall()
+            self._db.executemany(
+                "UPDATE accepted SET step = ? WHERE submission_id = ?",
+                [(step, r[0]) for r in rows],
+            )
+            self._db.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            self._db.execute("ROLLBACK")
+            raise StorageError(f"sample queue {self.path}: {exc}") from exc
+        return [(bytes(sid), _unpack(data)) for sid, data in rows]
+
+    def recover(self, checkpoint_version: int) -> int:
+        """Release reservations of steps that did not complete; returns how many."""
+        cur = self._db.execute(
+            "UPDATE accepted SET step = NULL WHERE step >= ?", (checkpoint_version,)
+        )
+        return cur.rowcount
+
+    def used_by(self, step: int) -> list[bytes]:
+        return [
+            bytes(r[0])
+            for r in self._db.execute(
+                "SELECT submission_id FROM accepted WHERE step = ? ORDER BY seq", (step,)
+            )
+        ]
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from node.compute.grpo import Group
+from node.roles.sample_queue import SampleQueue
+
+
+def groups(version: int) -> list[Group]:
+    return [Group([1, 2], [[3], [4, 5]], [1.0, 0.0], version)]
+
+
+def test_each_submission_is_queued_once(tmp_path: Path) -> None:
+    q = SampleQueue(tmp_path / "q.db")
+    assert q.put(b"a", 0, groups(0)) and not q.put(b"a", 0, groups(0))
+    assert q.pending() == 1
+
+
+def test_take_reserves_oldest_inside_the_window(tmp_path: Path) -> None:
+    q = SampleQueue(tmp_path / "q.db")
+    for i, v in enumerate([0, 1, 2, 2]):
+        q.put(bytes([i]), v, groups(v))
+    batch = q.take(step=2, max_submissions=2, min_version=1)
+    assert [sid for sid, _ in batch] == [b"\x01", b"\x02"]
+    assert batch[0][1] == groups(1)
+    assert q.pending(min_version=1) == 1  # the version-0 one is outside the window
+
+
+def test_a_crash_before_the_checkpoint_releases_the_batch(tmp_path: Path) -> None:
+    q = SampleQueue(tmp_path / "q.db")
+    q.put(b"a", 0, groups(0))
+    q.take(step=0, max_submissions=8, min_version=0)
+    q.close()
+    q = SampleQueue(tmp_path / "q.db")  # restarted; checkpoint still at version 0
+    assert q.recover(checkpoint_version=0) == 1
+    assert [sid for sid, _ in q.take(step=0, max_submissions=8, min_version=0)] == [b"a"]
+
+
+def test_a_crash_after_the_checkpoint_keeps_the_batch_used(tmp_path: Path) -> None:
+    q = SampleQueue(tmp_path / "q.db")
+    q.put(b"a", 0, groups(0))
+    q.take(step=0, max_submissions=8, min_version=0)
+    q.close()
+    q = SampleQueue(tmp_path / "q.db")  # the checkpoint of version 1 was written
+    assert q.recover(checkpoint_version=1) == 0
+    assert q.take(step=1, max_submissions=8, min_version=0) == []
+    assert q.used_by(0) == [b"a"]
