@@ -23,6 +23,7 @@ complete, and the next fetch resumes where this one stopped.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,9 @@ from swarm.errors import (
 from swarm.messages import RunGenesis, ShardManifest, Signed, decode, run_id_of
 from swarm.shardcast.peers import PeerBoard
 from swarm.shardcast.store import ShardStore, VersionFile
+
+_SCAN = 64
+"""How many pending shards ``_next`` weighs per pick (bounds the cost for huge versions)."""
 
 
 class ShardNotHeld(PeerError):
@@ -317,20 +321,43 @@ class _Fetch:
         return self.board.stats[peer].in_flight < self.config.per_peer
 
     def _next(self) -> tuple[int, str] | None:
-        for pos, index in enumerate(self.pending):
-            holders = [p for p in self.board.usable() if self._holds(p, index) and self._free(p)]
-            peer = self.board.choose(holders)
-            if peer is not None:
-                del self.pending[pos]
-                return index, peer
-        return None
+        """The next (shard, peer) to pull: among the first ``_SCAN`` pending shards (in this
+        receiver's random order), the one whose best free holder is fastest, rarer shards
+        first on ties; the peer is then a weighted random choice among its free holders."""
+        best: tuple[int, int, int] | None = None
+        for pos, index in enumerate(self.pending[:_SCAN]):
+            holders = [p for p in self.board.usable() if self._holds(p, index)]
+            free = [p for p in holders if self._free(p)]
+            if not free:
+                continue
+            # Speed in factors of two: among about equally fast choices the rarer shard wins.
+            speed = round(math.log2(max(self.board.weight(p) for p in free)))
+            key = (speed, -len(holders), -pos)
+            if best is None or key > best:
+                best = key
+        if best is None:
+            return None
+        pos = -best[2]
+        index = self.pending[pos]
+        free = [p for p in self.board.usable() if self._holds(p, index) and self._free(p)]
+        peer = self.board.choose(free)
+        if peer is None:
+            return None
+        del self.pending[pos]
+        return index, peer
 
     def _endgame(self) -> tuple[int, str] | None:
-        """A shard being pulled from one peer, and an idle holder to pull it again from."""
+        """A shard being pulled from one peer, and an idle holder to pull it again from.
+
+        Only idle peers are asked, so an endgame copy never slows a peer's other pulls."""
         if not self.config.endgame or self.memory_pulls > 0:
             return None
         running = sorted(
-            (sinks for sinks in self.running.values() if len(sinks) == 1),
+            (
+                sinks
+                for index, sinks in self.running.items()
+                if len(sinks) == 1 and index not in self.claimed
+            ),
             key=lambda sinks: next(iter(sinks.values())).received,
         )
         for sinks in running:
@@ -338,7 +365,7 @@ class _Fetch:
             holders = [
                 p
                 for p in self.board.usable()
-                if p not in sinks and self._holds(p, index) and self._free(p)
+                if p not in sinks and self._holds(p, index) and not self.board.stats[p].in_flight
             ]
             peer = self.board.choose(holders)
             if peer is not None:
@@ -357,7 +384,7 @@ class _Fetch:
         while self.pending or self.running:
             picked = self._next()
             in_memory = False
-            if picked is None and not self.pending:
+            if picked is None:  # nothing new can start: pull a slow running shard again
                 picked = self._endgame()
                 in_memory = picked is not None
             if picked is None:

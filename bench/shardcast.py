@@ -1,0 +1,375 @@
+"""SHARDCAST throughput on loopback: raw ceiling, pulls from 1/2/4 seeders, rate-limited
+seeders, re-serving vs origin-only, receiver memory.
+
+    .venv/bin/python bench/shardcast.py [--json PATH] [--size-mib 256] [--dir DIR]
+
+What runs where: seeders are ``DataChannelServer``s (zero-copy ``sendfile``) in this process;
+the measured receiver of the pull runs is a child process (``--role receiver``) running the real
+scheduler (``fetch_version``: per-shard sha256, write at offset, fsync, journal, complete
+marker) over data channel sockets, so its peak RSS is its own. The control questions
+(manifest, holdings, tokens) are answered in-process (``DirectControl``) instead of over libp2p
+streams; they are a few hundred bytes per shard. The re-serving run puts all 7 nodes in this
+process, each with its own store, data channel and upload cap.
+
+JSON keys: ``raw_limit_mib_s``, ``pull_mib_s`` {"1","2","4"}, ``ratio_vs_raw``,
+``rate_limited_efficiency``, ``reserve_speedup``, ``receiver_peak_rss_mib`` and the details.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trio
+from rich.console import Console
+from rich.table import Table
+from safetensors.numpy import save_file
+
+from swarm.identity import NodeKey
+from swarm.messages import RunGenesis, RunParams, ShardManifest, Signed, decode, sign
+from swarm.shardcast import FetchConfig, ShardStore, fetch_version, publish
+from swarm.shardcast.datachannel import DataChannelConfig, DataChannelServer, DataChannelSource
+from swarm.shardcast.local import DirectControl
+from swarm.shardcast.serve import ShardServer
+
+MIB = 1024 * 1024
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- set-up ---------------------------------------------------------------------------------
+def make_checkpoint(path: Path, size: int) -> None:
+    rng = np.random.default_rng(0)
+    per = 32 * MIB // 4
+    tensors, left, i = {}, size, 0
+    while left > 0:
+        n = min(per, left // 4)
+        tensors[f"layer{i}.weight"] = rng.standard_normal(n, dtype=np.float32)
+        left -= n * 4
+        i += 1
+        if n == 0:
+            break
+    save_file(tensors, str(path))
+
+
+def genesis_for(trainer: NodeKey) -> Signed[RunGenesis]:
+    g = RunGenesis(
+        name="bench",
+        created_at=0,
+        model=__import__("swarm.messages", fromlist=["ModelSpec"]).ModelSpec(name="bench"),
+        task_suite="default",
+        task_seed=0,
+        trainers=(trainer.peer_id,),
+        validators=(trainer.peer_id,),
+        params=RunParams(),
+    )
+    return sign(g, NodeKey.generate())
+
+
+# --- raw ceiling ----------------------------------------------------------------------------
+def raw_receiver(port: int, total: int) -> dict[str, float]:
+    sock = socket.create_connection(("127.0.0.1", port))
+    buf = bytearray(MIB)
+    view = memoryview(buf)
+    h = hashlib.sha256()
+    got = 0
+    start = time.perf_counter()
+    while got < total:
+        n = sock.recv_into(view)
+        if not n:
+            break
+        h.update(view[:n])
+        got += n
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "bytes": got}
+
+
+def measure_raw(data_path: Path, total: int) -> float:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def send() -> None:
+        conn, _ = listener.accept()
+        with open(data_path, "rb") as f:
+            conn.sendfile(f)
+        conn.close()
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    out = subprocess.run(
+        [sys.executable, __file__, "--role", "raw", "--spec", json.dumps([port, total])],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+        timeout=300,
+    )
+    sender.join()
+    listener.close()
+    r = json.loads(out.stdout)
+    return float(r["bytes"]) / MIB / float(r["seconds"])
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set (VmHWM). Not ``ru_maxrss``: Linux carries that over
+    from the parent across fork and exec, so a child would report the bench's own peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# --- receiver child -------------------------------------------------------------------------
+class FixedControl:
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    async def manifest(self, peer: str, version: int | None) -> bytes:
+        return self.raw
+
+    async def have(self, peer: str, version: int) -> bytes | None:
+        return None
+
+
+async def receiver(spec: dict[str, Any]) -> dict[str, float]:
+    raw = Path(spec["manifest"]).read_bytes()
+    signed = decode(raw, ShardManifest)
+    peers = {p["name"]: p for p in spec["peers"]}
+    tokens = {name: [bytes.fromhex(t) for t in p["tokens"]] for name, p in peers.items()}
+
+    async def negotiate(peer: str) -> tuple[str, int, bytes]:
+        return "127.0.0.1", int(peers[peer]["port"]), tokens[peer].pop()
+
+    source = DataChannelSource(negotiate, FixedControl(raw))
+    rss_before = peak_rss_mib()
+    start = time.perf_counter()
+    result = await fetch_version(
+        ShardStore(Path(spec["store"])),
+        signed,
+        source,
+        list(peers),
+        config=FetchConfig(concurrency=int(spec["concurrency"]), stall_timeout=30.0),
+        rng=random.Random(1),
+    )
+    seconds = time.perf_counter() - start
+    source.close()
+    return {
+        "seconds": seconds,
+        "bytes": signed.message.total_size,
+        "fetched_shards": result.fetched_shards,
+        "peak_rss_mib": peak_rss_mib(),
+        "rss_before_fetch_mib": rss_before,
+    }
+
+
+async def pull_run(
+    workdir: Path,
+    trainer: ShardStore,
+    signed: Signed[ShardManifest],
+    seeders: int,
+    cap: float | None,
+) -> dict[str, float]:
+    (workdir / "manifest").write_bytes(signed.raw)
+    rx = workdir / f"rx-{seeders}-{cap}"
+    async with trio.open_nursery() as nursery:
+        peers = []
+        for i in range(seeders):
+            server = ShardServer(trainer)
+            channel = DataChannelServer(server, DataChannelConfig(rate_limit=cap))
+            port = await nursery.start(channel.run)
+            tokens = [server.issue_token("rx").hex() for _ in range(256)]
+            peers.append({"name": f"seeder{i}", "port": port, "tokens": tokens})
+        spec = {
+            "manifest": str(workdir / "manifest"),
+            "store": str(rx),
+            "peers": peers,
+            "concurrency": max(4, 2 * seeders),
+        }
+        spec_path = workdir / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        out = await trio.run_process(
+            [sys.executable, __file__, "--role", "receiver", "--spec", str(spec_path)],
+            cwd=ROOT,
+            capture_stdout=True,
+            capture_stderr=True,
+        )
+        nursery.cancel_scope.cancel()
+    got = ShardStore(rx).directory(signed.message.version) / "data"
+    assert (
+        hashlib.sha256(got.read_bytes()).digest()
+        == hashlib.sha256(
+            (trainer.directory(signed.message.version) / "data").read_bytes()
+        ).digest()
+    )
+    shutil.rmtree(rx)
+    r: dict[str, float] = json.loads(out.stdout)
+    r["mib_s"] = r["bytes"] / MIB / r["seconds"]
+    return r
+
+
+# --- re-serving -----------------------------------------------------------------------------
+async def reserve_run(
+    workdir: Path,
+    trainer: ShardStore,
+    signed: Signed[ShardManifest],
+    n: int,
+    cap: float,
+    serve: bool,
+) -> float:
+    servers: dict[str, ShardServer] = {"origin": ShardServer(trainer)}
+    stores = {f"rx{i}": ShardStore(workdir / f"reserve-{serve}-{i}") for i in range(n)}
+    if serve:
+        servers.update({name: ShardServer(store) for name, store in stores.items()})
+    ports: dict[str, int] = {}
+    done: list[float] = []
+    async with trio.open_nursery() as nursery:
+        for name, server in servers.items():
+            ports[name] = await nursery.start(
+                DataChannelServer(server, DataChannelConfig(rate_limit=cap)).run
+            )
+        control = DirectControl(servers, ports)
+        start = trio.current_time()
+
+        async def one(name: str, store: ShardStore) -> None:
+            source = DataChannelSource(control.negotiate, control)
+            peers = [p for p in servers if p != name]
+            await fetch_version(
+                store,
+                signed,
+                source,
+                peers,
+                config=FetchConfig(concurrency=4, stall_timeout=60.0, have_refresh=0.1),
+                rng=random.Random(name),
+            )
+            source.close()
+            done.append(trio.current_time() - start)
+
+        async with trio.open_nursery() as receivers:
+            for name, store in stores.items():
+                receivers.start_soon(one, name, store)
+        nursery.cancel_scope.cancel()
+    for store in stores.values():
+        shutil.rmtree(store.root)
+    return max(done)
+
+
+# --- main -----------------------------------------------------------------------------------
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--size-mib", type=int, default=256)
+    parser.add_argument("--shard-mib", type=int, default=32)
+    parser.add_argument("--cap-mib", type=float, default=32.0, help="per-seeder cap C")
+    parser.add_argument("--reserve-cap-mib", type=float, default=64.0, help="upload cap per node")
+    parser.add_argument("--receivers", type=int, default=6)
+    default_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    parser.add_argument("--dir", default=default_dir, help="where stores go (default: tmpfs)")
+    parser.add_argument("--role", default="main", help=argparse.SUPPRESS)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "raw":
+        port, total = json.loads(args.spec)
+        print(json.dumps(raw_receiver(port, total)))
+        return
+    if args.role == "receiver":
+        print(json.dumps(trio.run(receiver, json.loads(Path(args.spec).read_text()))))
+        return
+
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="bench-shardcast-", dir=args.dir) as tmp:
+        workdir = Path(tmp)
+        ckpt = workdir / "policy.safetensors"
+        make_checkpoint(ckpt, args.size_mib * MIB)
+        trainer_key = NodeKey.generate()
+        g = genesis_for(trainer_key)
+        trainer = ShardStore(workdir / "trainer")
+        signed = publish(
+            ckpt,
+            key=trainer_key,
+            genesis=g,
+            version=1,
+            store=trainer,
+            shard_size=args.shard_mib * MIB,
+        )
+        ckpt.unlink()
+        total = signed.message.total_size
+        data_path = trainer.directory(1) / "data"
+        console.print(
+            f"checkpoint {total / MIB:.0f} MiB, {len(signed.message.shard_hashes)} shards"
+        )
+
+        raw = measure_raw(data_path, total)
+        console.print(f"raw socket copy + sha256: {raw:.0f} MiB/s")
+        pulls = {}
+        rss = 0.0
+        for n in (1, 2, 4):
+            r = trio.run(pull_run, workdir, trainer, signed, n, None)
+            pulls[str(n)] = round(r["mib_s"], 1)
+            rss = max(rss, r["peak_rss_mib"])
+            console.print(
+                f"pull from {n}: {r['mib_s']:.0f} MiB/s, peak RSS {r['peak_rss_mib']:.0f} MiB"
+            )
+        cap = args.cap_mib * MIB
+        limited = trio.run(pull_run, workdir, trainer, signed, 4, cap)
+        efficiency = limited["mib_s"] / (4 * args.cap_mib)
+        console.print(f"4 seeders capped at {args.cap_mib:g} MiB/s: {limited['mib_s']:.1f} MiB/s")
+        rcap = args.reserve_cap_mib * MIB
+        origin_only = trio.run(reserve_run, workdir, trainer, signed, args.receivers, rcap, False)
+        console.print(f"origin-only, {args.receivers} receivers: {origin_only:.1f} s")
+        reserving = trio.run(reserve_run, workdir, trainer, signed, args.receivers, rcap, True)
+        console.print(f"every holder serves: {reserving:.1f} s")
+
+    best = max(pulls.values())
+    shard_mib = args.shard_mib
+    result = {
+        "raw_limit_mib_s": round(raw, 1),
+        "pull_mib_s": pulls,
+        "ratio_vs_raw": round(best / raw, 3),
+        "rate_limited_efficiency": round(efficiency, 3),
+        "rate_limited_cap_mib_s": args.cap_mib,
+        "rate_limited_aggregate_mib_s": round(limited["mib_s"], 1),
+        "reserve_speedup": round(origin_only / reserving, 3),
+        "reserve_origin_only_s": round(origin_only, 2),
+        "reserve_every_holder_s": round(reserving, 2),
+        "reserve_receivers": args.receivers,
+        "reserve_cap_mib_s": args.reserve_cap_mib,
+        "receiver_peak_rss_mib": round(rss, 1),
+        "receiver_rss_goal_mib": 2 * shard_mib + 200,
+        "size_mib": args.size_mib,
+        "shard_mib": shard_mib,
+        "store_dir": args.dir or tempfile.gettempdir(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
+    table = Table(title="SHARDCAST on loopback")
+    table.add_column("measure")
+    table.add_column("figure", justify="right")
+    table.add_column("goal", justify="right")
+    goals = {
+        "ratio_vs_raw": ">= 0.5",
+        "rate_limited_efficiency": ">= 0.8",
+        "reserve_speedup": ">= 1.7",
+        "receiver_peak_rss_mib": f"<= {2 * shard_mib + 200}",
+    }
+    for key, value in result.items():
+        table.add_row(key, json.dumps(value), goals.get(key, ""))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
