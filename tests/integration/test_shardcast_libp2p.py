@@ -107,3 +107,47 @@ async def test_bad_stream_requests_are_refused_and_the_server_keeps_serving(
             trainer.peer_id, SHARD, ShardRequest("get", 1, 1, 5, 20).to_bytes(), SHARD_LIMITS
         )
         assert piece == ckpt.read_bytes()[65_536 + 5 : 65_536 + 25]
+
+
+async def test_fetched_versions_are_advertised_and_re_served(tmp_path: Path) -> None:
+    from node.shardcast import ShardcastService
+    from swarm.shardcast.datachannel import DataChannelConfig
+
+    async with NetFactory() as net:
+        await net.bootstrap()
+        trainer = await net.node("trainer")
+        first = await net.node("inference")
+        second = await net.node("inference")
+        await wait_until(lambda: first.peers_by_role().get("trainer"), 20)
+        await wait_until(lambda: second.peers_by_role().get("trainer"), 20)
+        ckpt = checkpoint(tmp_path / "policy.safetensors", 300_000)
+        stores = {n: ShardStore(tmp_path / n) for n in ("trainer", "first", "second")}
+        publish(
+            ckpt,
+            key=net.trainer_keys[0],
+            genesis=net.genesis,
+            version=2,
+            store=stores["trainer"],
+            shard_size=65_536,
+        )
+        channel = DataChannelConfig()
+        async with (
+            ShardcastService.start(
+                trainer, net.genesis, stores["trainer"], data_channel=channel
+            ) as origin,
+            ShardcastService.start(first, net.genesis, stores["first"], data_channel=channel) as a,
+            ShardcastService.start(second, net.genesis, stores["second"]) as b,
+        ):
+            await origin.advertise(2)
+            got = await a.fetch()  # newest version, found through the trainer
+            assert got.version == 2 and got.path.read_bytes() == ckpt.read_bytes()
+            # the first receiver advertised itself as a provider of version 2
+            await wait_until(lambda: _has(b, first.peer_id), 20)
+            again = await b.fetch(2)
+            assert again.path.read_bytes() == ckpt.read_bytes()
+            assert a.status()["served_shards"] + origin.status()["served_shards"] > 0
+            assert b.status()["versions"][0]["complete"]
+
+
+async def _has(service: object, peer: str) -> bool:
+    return peer in await service.providers(2)  # type: ignore[attr-defined]

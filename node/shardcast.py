@@ -1,0 +1,182 @@
+"""SHARDCAST on a running node: the store in the node's home, serving (libp2p streams plus the
+data channel), provider records per version, and fetching from every provider found.
+
+``ShardcastService`` composes the swarm parts for one ``node.runtime.Node``; the CLI uses it for
+``swarm-node shardcast publish/fetch``, and the runtime can own one to fetch announced versions
+and report ``status()`` (progress and per-peer rates).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from swarm.errors import NetworkError, PeerError
+from swarm.messages import RunGenesis, ShardManifest, Signed, run_id_of
+from swarm.shardcast import (
+    FetchConfig,
+    FetchProgress,
+    FetchResult,
+    ShardStore,
+    fetch_manifest,
+    fetch_version,
+)
+from swarm.shardcast.datachannel import DataChannelConfig, DataChannelServer
+from swarm.shardcast.fetch import ProgressCallback
+from swarm.shardcast.serve import ShardServer
+from swarm.shardcast.streams import StreamShardSource, serve_shardcast
+
+log = logging.getLogger(__name__)
+MIB = 1024 * 1024
+
+
+def shard_root(home: Path, run_id: str) -> Path:
+    """Where a node keeps a run's policy versions: ``<home>/shards/<run_id>``."""
+    return home / "shards" / run_id
+
+
+def version_provider_key(run_id: str, version: int) -> str:
+    """The DHT provider key (hex sha2-256 multihash) of policy ``version`` of a run."""
+    name = f"swarm-node/{run_id}/policy/{version}".encode()
+    return (bytes([0x12, 0x20]) + hashlib.sha256(name).digest()).hex()
+
+
+def open_store(home: Path, genesis: Signed[RunGenesis], max_disk_mib: int | None) -> ShardStore:
+    """The run's store: keeps ``async_level + 1`` versions (plus pinned), within ``max_disk``."""
+    return ShardStore(
+        shard_root(home, run_id_of(genesis)),
+        keep=genesis.message.params.async_level + 1,
+        max_disk=None if max_disk_mib is None else max_disk_mib * MIB,
+    )
+
+
+@dataclass
+class ShardcastService:
+    node: Any  # node.runtime.Node: overlay, handle/request, peers_by_role
+    genesis: Signed[RunGenesis]
+    store: ShardStore
+    server: ShardServer
+    channel: DataChannelServer | None
+    progress: FetchProgress | None = None
+
+    @classmethod
+    @asynccontextmanager
+    async def start(
+        cls,
+        node: Any,
+        genesis: Signed[RunGenesis],
+        store: ShardStore,
+        *,
+        data_channel: DataChannelConfig | None = None,
+        advertised_host: str | None = None,
+    ) -> AsyncIterator[ShardcastService]:
+        """Serve ``store`` on ``node`` (streams, plus a data channel unless
+        ``data_channel`` is ``None``) until the block ends."""
+        server = ShardServer(store)
+        async with trio.open_nursery() as nursery:
+            channel = None
+            if data_channel is not None:
+                channel = DataChannelServer(server, data_channel)
+                await nursery.start(channel.run)
+            serve_shardcast(node, server, channel, advertised_host)
+            service = cls(node, genesis, store, server, channel)
+            try:
+                yield service
+            finally:
+                nursery.cancel_scope.cancel()
+                server.close()
+
+    @property
+    def run_id(self) -> str:
+        return run_id_of(self.genesis)
+
+    async def advertise(self, version: int) -> None:
+        """Publish our provider record for ``version`` (best effort: logged on failure)."""
+        try:
+            await self.node.overlay.provide(version_provider_key(self.run_id, version))
+        except NetworkError as exc:
+            log.warning("could not advertise version %d: %s", version, exc)
+
+    async def providers(self, version: int | None) -> list[str]:
+        """Peers that may hold ``version``: its provider records, the trainers, and every
+        connected peer (asking costs one small request each)."""
+        found: list[str] = []
+        if version is not None:
+            try:
+                found += await self.node.overlay.find_providers(
+                    version_provider_key(self.run_id, version)
+                )
+            except NetworkError as exc:
+                log.debug("provider lookup failed: %s", exc)
+        found += self.node.peers_by_role().get("trainer", [])
+        found += self.node.overlay.connected_peers()
+        me = self.node.peer_id
+        return [p for p in dict.fromkeys(found) if p != me]
+
+    async def fetch(
+        self,
+        version: int | None = None,
+        *,
+        config: FetchConfig | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> FetchResult:
+        """Fetch ``version`` (default: the newest any provider holds), then advertise it."""
+        peers = await self.providers(version)
+        if not peers:
+            raise PeerError(
+                "no provider of the policy is known yet: no trainer or connected peer;"
+                " check --bootstrap and that a trainer serves the version"
+            )
+        source = StreamShardSource(self.node)
+        try:
+            manifest: Signed[ShardManifest] = await fetch_manifest(
+                source, peers, self.genesis, version
+            )
+            if version is None:
+                peers = await self.providers(manifest.message.version)
+
+            def progress(p: FetchProgress) -> None:
+                self.progress = p
+                if on_progress is not None:
+                    on_progress(p)
+
+            result = await fetch_version(
+                self.store,
+                manifest,
+                source,
+                peers,
+                config=config,
+                on_progress=progress,
+                rng=random.Random(),
+            )
+        finally:
+            source.close()
+        await self.advertise(manifest.message.version)
+        return result
+
+    def status(self) -> dict[str, Any]:
+        """For ``swarm-node status``: stored versions, the current fetch, what was served."""
+        return {
+            "versions": [
+                {
+                    "version": v.version,
+                    "complete": v.complete,
+                    "shards": f"{v.verified}/{v.shards}",
+                    "bytes": v.total_size,
+                    "pinned": v.pinned,
+                }
+                for v in self.store.iter_info()
+            ],
+            "fetch": None if self.progress is None else self.progress.view(),
+            "served_bytes": self.server.served_bytes,
+            "served_shards": self.server.served_shards,
+            "data_channel_port": None if self.channel is None else self.channel.port,
+        }
