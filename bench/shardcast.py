@@ -41,7 +41,7 @@ from rich.table import Table
 from safetensors.numpy import save_file
 
 from swarm.identity import NodeKey
-from swarm.messages import RunGenesis, RunParams, ShardManifest, Signed, decode, sign
+from swarm.messages import ModelSpec, RunGenesis, RunParams, ShardManifest, Signed, decode, sign
 from swarm.shardcast import FetchConfig, ShardStore, fetch_version, publish
 from swarm.shardcast.datachannel import DataChannelConfig, DataChannelServer, DataChannelSource
 from swarm.shardcast.local import DirectControl
@@ -70,7 +70,7 @@ def genesis_for(trainer: NodeKey) -> Signed[RunGenesis]:
     g = RunGenesis(
         name="bench",
         created_at=0,
-        model=__import__("swarm.messages", fromlist=["ModelSpec"]).ModelSpec(name="bench"),
+        model=ModelSpec(name="bench"),
         task_suite="default",
         task_seed=0,
         trainers=(trainer.peer_id,),
@@ -351,7 +351,9 @@ def main() -> None:
         "size_mib": args.size_mib,
         "shard_mib": shard_mib,
         "store_dir": args.dir or tempfile.gettempdir(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": (
+            f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+        ),
     }
     table = Table(title="SHARDCAST on loopback")
     table.add_column("measure")

@@ -228,6 +228,11 @@ class _Conn:
             raise ShardNotHeld(reason)
         raise PeerError(f"data channel refused: {reason}")
 
+    async def send_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[await self.sock.send(view) :]
+
     def close(self) -> None:
         self.sock.close()
 
@@ -274,7 +279,7 @@ class DataChannelSource:
                 await sock.connect((host, port))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(sock)
-            await sock.send(_HELLO.pack(MAGIC, token))
+            await conn.send_all(_HELLO.pack(MAGIC, token))
             with trio.fail_after(self.connect_timeout):
                 await conn.status()
         except trio.TooSlowError as exc:
@@ -293,7 +298,7 @@ class DataChannelSource:
         conn = await self._connect(peer)
         reusable = False
         try:
-            await conn.sock.send(_REQUEST.pack(version, index, 0, sink.length))
+            await conn.send_all(_REQUEST.pack(version, index, 0, sink.length))
             await conn.status()
             (length,) = _LENGTH.unpack(await conn.recv_exact(_LENGTH.size))
             if length != sink.length:

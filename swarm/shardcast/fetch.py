@@ -441,11 +441,14 @@ class _Fetch:
         except StorageError:
             raise
         except ShardNotHeld:
-            if self.holdings.get(peer) is not None:
-                bits = bytearray(self.holdings.get(peer) or bytes(len(self.m.shard_hashes)))
-                if index < len(bits):
-                    bits[index] = 0
-                self.holdings[peer] = bytes(bits)
+            # Stop asking it for this shard until its next ``have`` answer says otherwise.
+            n = len(self.m.shard_hashes)
+            held = self.holdings.get(peer, b"")
+            # It said it held this shard (that is why it was asked): that costs its budget.
+            self.board.record_failure(peer, f"said it holds shard {index}, then refused it")
+            bits = bytearray(b"\x01" * n if held is None else held.ljust(n, b"\0"))
+            bits[index] = 0
+            self.holdings[peer] = bytes(bits)
             return False
         except SwarmError as exc:
             if sink.superseded:

@@ -21,6 +21,7 @@ from swarm.shardcast.fetch import ShardNotHeld
 from swarm.shardcast.store import ShardStore, VersionFile
 
 TOKEN_BYTES = 16
+MAX_TOKENS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +126,8 @@ class ShardServer:
         """A one-time token that lets ``peer`` open one data channel connection."""
         now = self._clock()
         self._tokens = {t: v for t, v in self._tokens.items() if v[1] > now}
+        while len(self._tokens) >= MAX_TOKENS:  # bounded: the oldest offers lapse first
+            del self._tokens[next(iter(self._tokens))]
         token = secrets.token_bytes(TOKEN_BYTES)
         self._tokens[token] = (peer, now + self.token_ttl)
         return token

@@ -19,8 +19,6 @@ from swarm.shardcast.streams import SHARD, SHARD_LIMITS, StreamShardSource, serv
 from tests.netfactory import NetFactory, wait_until
 from tests.shardcast_util import checkpoint
 
-pytestmark = pytest.mark.slow
-
 
 async def two_nodes(net: NetFactory) -> tuple[Node, Node]:
     await net.bootstrap()

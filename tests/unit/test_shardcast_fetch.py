@@ -173,3 +173,22 @@ async def test_fetch_manifest_picks_the_newest_valid_version(tmp_path: Path) -> 
     c.source.peers["b"].manifest_raw = newer.raw
     got = await fetch_manifest(c.source, ["a", "b"], c.g)
     assert got.message.version == 5
+
+
+async def test_a_peer_that_claims_a_version_but_lacks_its_shards_spends_its_budget(
+    tmp_path: Path,
+) -> None:
+    c = setup(tmp_path, {"origin": "ok", "liar": "ok"})
+    c.source.peers["liar"].held = set()  # pulls are refused as not held...
+
+    async def claims_all(peer: str, version: int) -> bytes | None:
+        return None  # ...while it claims to hold the whole version
+
+    c.source.have = claims_all  # type: ignore[method-assign]
+    with trio.fail_after(10):
+        result = await c.fetch()
+    assert result.path.read_bytes() == c.data
+    liar = stats(result, "liar")
+    asked = sum(1 for peer, _ in c.source.pulls if peer == "liar")
+    assert liar.failures == asked and liar.shards == 0
+    assert asked <= FAST.failure_budget + FAST.concurrency  # then it is dropped
