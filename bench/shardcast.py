@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import platform
 import random
@@ -266,6 +267,54 @@ async def reserve_run(
     return max(done)
 
 
+# --- libp2p ---------------------------------------------------------------------------------
+async def libp2p_run(
+    workdir: Path,
+    trainer: ShardStore,
+    signed: Signed[ShardManifest],
+    key: NodeKey,
+    genesis: Signed[RunGenesis],
+) -> dict[str, float]:
+    """Two real nodes in this process: the trainer serves, the other fetches over the shard
+    stream (Noise + yamux, 4 MiB pieces), then over a data channel negotiated on the stream."""
+    from node.runtime import Node, RuntimeConfig
+    from swarm.shardcast.streams import StreamShardSource, serve_shardcast
+
+    loopback = ("/ip4/127.0.0.1/tcp/0",)
+    out: dict[str, float] = {}
+    config = RuntimeConfig(key=key, genesis=genesis, role="trainer", listen=loopback)
+    async with Node.start(config) as seeder, trio.open_nursery() as nursery:
+        server = ShardServer(trainer)
+        channel = DataChannelServer(server)
+        await nursery.start(channel.run)
+        serve_shardcast(seeder, server, channel)
+        rx_config = RuntimeConfig(
+            key=NodeKey.generate(),
+            genesis=genesis,
+            role="inference",
+            listen=loopback,
+            bootstrap=seeder.overlay.addrs()[:1],
+        )
+        async with Node.start(rx_config) as rx:
+            for name, use_channel in (("stream", False), ("channel", True)):
+                source = StreamShardSource(rx, data_channel=use_channel)
+                store = ShardStore(workdir / f"libp2p-{name}")
+                start = time.perf_counter()
+                await fetch_version(
+                    store,
+                    signed,
+                    source,
+                    [seeder.peer_id],
+                    config=FetchConfig(stall_timeout=60.0),
+                    rng=random.Random(0),
+                )
+                out[name] = signed.message.total_size / MIB / (time.perf_counter() - start)
+                source.close()
+                shutil.rmtree(store.root)
+        nursery.cancel_scope.cancel()
+    return out
+
+
 # --- main -----------------------------------------------------------------------------------
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -289,6 +338,7 @@ def main() -> None:
         return
 
     console = Console()
+    logging.getLogger("libp2p").setLevel(logging.CRITICAL)  # peers' DHT chatter, not ours
     with tempfile.TemporaryDirectory(prefix="bench-shardcast-", dir=args.dir) as tmp:
         workdir = Path(tmp)
         ckpt = workdir / "policy.safetensors"
@@ -326,6 +376,11 @@ def main() -> None:
         limited = trio.run(pull_run, workdir, trainer, signed, 4, cap)
         efficiency = limited["mib_s"] / (4 * args.cap_mib)
         console.print(f"4 seeders capped at {args.cap_mib:g} MiB/s: {limited['mib_s']:.1f} MiB/s")
+        libp2p = trio.run(libp2p_run, workdir, trainer, signed, trainer_key, g)
+        console.print(
+            f"libp2p shard stream: {libp2p['stream']:.0f} MiB/s; data channel negotiated on"
+            f" libp2p: {libp2p['channel']:.0f} MiB/s"
+        )
         rcap = args.reserve_cap_mib * MIB
         origin_only = trio.run(reserve_run, workdir, trainer, signed, args.receivers, rcap, False)
         console.print(f"origin-only, {args.receivers} receivers: {origin_only:.1f} s")
@@ -347,6 +402,8 @@ def main() -> None:
         "reserve_receivers": args.receivers,
         "reserve_cap_mib_s": args.reserve_cap_mib,
         "receiver_peak_rss_mib": round(rss, 1),
+        "libp2p_stream_pull_mib_s": round(libp2p["stream"], 1),
+        "libp2p_negotiated_channel_pull_mib_s": round(libp2p["channel"], 1),
         "receiver_rss_goal_mib": 2 * shard_mib + 200,
         "size_mib": args.size_mib,
         "shard_mib": shard_mib,

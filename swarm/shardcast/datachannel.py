@@ -37,8 +37,8 @@ from swarm.errors import (
     StorageError,
     SwarmError,
 )
-from swarm.shardcast.fetch import ShardNotHeld, ShardSink
 from swarm.shardcast.serve import TOKEN_BYTES, ShardServer
+from swarm.shardcast.source import ShardNotHeld, ShardSink
 
 MAGIC = b"SHC1"
 _HELLO = struct.Struct(f">4s{TOKEN_BYTES}s")

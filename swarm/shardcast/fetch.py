@@ -22,153 +22,40 @@ complete, and the next fetch resumes where this one stopped.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import trio
 
 from swarm.errors import (
-    NotAuthorizedError,
     PeerError,
     StorageError,
     SwarmError,
-    ValidationError,
 )
-from swarm.messages import RunGenesis, ShardManifest, Signed, decode, run_id_of
+from swarm.messages import ShardManifest, Signed
+from swarm.shardcast.manifest import fetch_manifest, verify_manifest
 from swarm.shardcast.peers import PeerBoard
+from swarm.shardcast.source import ShardNotHeld, ShardSink, ShardSource
 from swarm.shardcast.store import ShardStore, VersionFile
+
+__all__ = [  # the manifest checks and the source types are re-exported for existing callers
+    "FetchConfig",
+    "FetchProgress",
+    "FetchResult",
+    "ProgressCallback",
+    "ShardNotHeld",
+    "ShardSink",
+    "ShardSource",
+    "fetch_manifest",
+    "fetch_version",
+    "verify_manifest",
+]
 
 _SCAN = 64
 """How many pending shards ``_next`` weighs per pick (bounds the cost for huge versions)."""
-
-
-class ShardNotHeld(PeerError):
-    """The provider does not (yet) hold the shard or version asked for. Not a fault."""
-
-
-class ShardSink:
-    """Takes one shard's bytes in order, hashes them and writes them at their place.
-
-    Writing past the shard's length raises ``PeerError``. Each write pushes the pull's stall
-    deadline forward (when a cancel scope is attached). An ``in_memory`` sink (the endgame's
-    second pull of a shard) keeps the bytes until ``commit`` writes them, so two pulls of one
-    shard never write the same region at once.
-    """
-
-    def __init__(
-        self,
-        vf: VersionFile,
-        index: int,
-        stall_timeout: float | None = None,
-        *,
-        in_memory: bool = False,
-    ) -> None:
-        self.index = index
-        self.offset, self.length = vf.manifest.shard_span(index)
-        self.received = 0
-        self._vf = vf
-        self._hash = hashlib.sha256()
-        self._stall = stall_timeout
-        self._buffer: bytearray | None = bytearray() if in_memory else None
-        self.scope: trio.CancelScope | None = None
-        self.superseded = False
-
-    def write(self, chunk: bytes | bytearray | memoryview) -> None:
-        view = memoryview(chunk)
-        if self.received + len(view) > self.length:
-            raise PeerError(f"shard {self.index}: peer sent more than its {self.length} bytes")
-        self._hash.update(view)
-        if self._buffer is not None:
-            self._buffer += view
-        else:
-            self._vf.write_at(self.offset + self.received, view)
-        self.received += len(view)
-        if self.scope is not None and self._stall is not None:
-            self.scope.deadline = trio.current_time() + self._stall
-
-    def digest(self) -> bytes:
-        return self._hash.digest()
-
-    def commit(self) -> None:
-        """Write what an in-memory sink holds at the shard's offset (no-op for a file sink)."""
-        if self._buffer is not None:
-            self._vf.write_at(self.offset, self._buffer)
-            self._buffer = None
-
-
-class ShardSource(Protocol):
-    """How the scheduler reaches providers. Every method raises only ``SwarmError``s:
-    ``ShardNotHeld`` when the peer lacks what was asked, ``PeerError``/``NetworkError``/
-    ``RequestTimeout`` for anything else that went wrong with that peer."""
-
-    async def manifest(self, peer: str, version: int | None) -> bytes:
-        """The raw signed manifest of ``version`` (``None``: the newest the peer holds)."""
-        ...
-
-    async def have(self, peer: str, version: int) -> bytes | None:
-        """One byte per shard (1 = held), or ``None`` when the peer holds the whole version."""
-        ...
-
-    async def pull(self, peer: str, version: int, index: int, sink: ShardSink) -> None:
-        """Deliver shard ``index`` into ``sink`` (all ``sink.length`` bytes, in order)."""
-        ...
-
-
-def verify_manifest(
-    raw: bytes, genesis: Signed[RunGenesis], version: int | None = None
-) -> Signed[ShardManifest]:
-    """Decode and check a manifest: signature, signer is a genesis trainer, run, version."""
-    signed = decode(raw, ShardManifest)
-    run_id = run_id_of(genesis)
-    if signed.signer not in genesis.message.trainers:
-        raise NotAuthorizedError(
-            f"manifest of version {signed.message.version} is signed by {signed.signer},"
-            f" who is not a trainer of run {run_id}"
-        )
-    if signed.message.run_id != run_id:
-        raise ValidationError(
-            f"manifest is for run {signed.message.run_id[:40]!r}, not this run {run_id}"
-        )
-    if version is not None and signed.message.version != version:
-        raise ValidationError(
-            f"asked for version {version}, the peer sent version {signed.message.version}"
-        )
-    return signed
-
-
-async def fetch_manifest(
-    source: ShardSource,
-    peers: Sequence[str],
-    genesis: Signed[RunGenesis],
-    version: int | None = None,
-) -> Signed[ShardManifest]:
-    """The newest (or the given) version's manifest from the first peer with a valid one.
-
-    With ``version=None`` every peer is asked and the highest valid version wins.
-    """
-    errors: list[str] = []
-    best: Signed[ShardManifest] | None = None
-    for peer in peers:
-        try:
-            signed = verify_manifest(await source.manifest(peer, version), genesis, version)
-        except SwarmError as exc:
-            errors.append(f"{peer}: {exc}")
-            continue
-        if best is None or signed.message.version > best.message.version:
-            best = signed
-        if version is not None:
-            break
-    if best is None:
-        what = f"version {version}" if version is not None else "any version"
-        raise PeerError(
-            f"no provider gave a valid manifest of {what}: " + ("; ".join(errors) or "no peers")
-        )
-    return best
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from swarm.errors import MalformedError, NotAuthorizedError, PeerError
-from swarm.shardcast.fetch import ShardNotHeld
+from swarm.shardcast.source import ShardNotHeld
 from swarm.shardcast.store import ShardStore, VersionFile
 
 TOKEN_BYTES = 16

@@ -21,7 +21,6 @@ from swarm.errors import MalformedError, NetworkError, PeerError, SwarmError
 from swarm.messages import ShardManifest
 from swarm.net.streams import StreamLimits
 from swarm.shardcast.datachannel import DataChannelServer, DataChannelSource
-from swarm.shardcast.fetch import ShardNotHeld, ShardSink
 from swarm.shardcast.protocol import (
     LATEST,
     MAX_PIECE,
@@ -31,6 +30,7 @@ from swarm.shardcast.protocol import (
     ShardRequest,
 )
 from swarm.shardcast.serve import ShardServer
+from swarm.shardcast.source import ShardNotHeld, ShardSink
 
 MANIFEST = "manifest"
 SHARD = "shard"
