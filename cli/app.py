@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from cli import identity, ledger, net, run
+from cli import identity, ledger, net, run, shardcast
 from cli.common import err_console
 from swarm.errors import SwarmError
 
@@ -24,6 +24,7 @@ identity.register(app)
 run.register(app)
 net.register(app)
 ledger.register(app)
+shardcast.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:
