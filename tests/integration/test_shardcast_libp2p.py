@@ -149,3 +149,39 @@ async def test_fetched_versions_are_advertised_and_re_served(tmp_path: Path) -> 
 
 async def _has(service: object, peer: str) -> bool:
     return peer in await service.providers(2)  # type: ignore[attr-defined]
+
+
+async def test_an_unreachable_data_channel_falls_back_to_the_shard_stream(tmp_path: Path) -> None:
+    async with NetFactory() as net:
+        trainer, receiver = await two_nodes(net)
+        ckpt = checkpoint(tmp_path / "policy.safetensors", 200_000)
+        store = ShardStore(tmp_path / "trainer")
+        publish(
+            ckpt,
+            key=net.trainer_keys[0],
+            genesis=net.genesis,
+            version=1,
+            store=store,
+            shard_size=65_536,
+        )
+        server = ShardServer(store)
+        channel = DataChannelServer(server)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(channel.run)
+            nursery.cancel_scope.cancel()  # offered, but nobody listens there any more
+        serve_shardcast(trainer, server, channel)
+        source = StreamShardSource(receiver)
+        manifest = await fetch_manifest(source, [trainer.peer_id], net.genesis, 1)
+        result = await fetch_version(
+            ShardStore(tmp_path / "rx"),
+            manifest,
+            source,
+            [trainer.peer_id],
+            config=FetchConfig(stall_timeout=10),
+            rng=random.Random(0),
+        )
+        assert result.path.read_bytes() == ckpt.read_bytes()
+        assert source.stream_pulls == len(manifest.message.shard_hashes)
+        assert source.channel_pulls == 0
+        assert result.progress.board is not None
+        assert result.progress.board.stats[trainer.peer_id].failures == 0
