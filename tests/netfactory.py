@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,14 @@ class NetFactory:
         node = await self._stack.enter_async_context(Node.start(self.config(role, key, **kw)))
         self.nodes.append(node)
         return node
+
+    @asynccontextmanager
+    async def node_scope(
+        self, role: str, key: NodeKey | None = None, **kw: Any
+    ) -> AsyncIterator[Node]:
+        """A node that leaves when this block ends (before the factory's other nodes)."""
+        async with Node.start(self.config(role, key, **kw)) as node:
+            yield node
 
     async def start_config(self, config: RuntimeConfig) -> Node:
         node = await self._stack.enter_async_context(Node.start(config))

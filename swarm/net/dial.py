@@ -36,8 +36,11 @@ class DialPolicy:
 
 @dataclass
 class DialReport:
+    """What happened per address: who answered, why the others failed, how often we tried."""
+
     connected: list[str] = field(default_factory=list)
     failures: dict[str, str] = field(default_factory=dict)
+    attempts: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> str:
         return "; ".join(f"{addr} ({why})" for addr, why in self.failures.items())
@@ -73,7 +76,10 @@ def _chain_text(exc: BaseException) -> str:
         seen.add(id(e))
         parts.append(f"{type(e).__name__}: {e}")
         stack.extend(x for x in (e.__cause__, e.__context__) if x is not None)
-        stack.extend(getattr(e, "exceptions", ()) or ())
+        stack.extend(getattr(e, "exceptions", ()) or ())  # ExceptionGroup
+        errors = getattr(e, "errors", ())  # py-libp2p's MultiError keeps its list here
+        if isinstance(errors, (list, tuple)):
+            stack.extend(x for x in errors if isinstance(x, BaseException))
     return " | ".join(parts)
 
 
@@ -85,12 +91,20 @@ async def _probe_tcp(target: tuple[str, int], timeout: float) -> str | None:
     except trio.TooSlowError:
         return f"timeout after {timeout:g} s"
     except OSError as exc:
-        code = exc.errno
-        if code is None and isinstance(exc.__cause__, OSError):
-            code = exc.__cause__.errno
-        if code == errno.ECONNREFUSED or "refused" in str(exc).lower():
+        # trio reports "all attempts to connect failed" with the per-address OSErrors in an
+        # ExceptionGroup as the cause; the first real errno among them says why.
+        causes = [exc]
+        if isinstance(exc.__cause__, BaseExceptionGroup):
+            causes += [e for e in exc.__cause__.exceptions if isinstance(e, OSError)]
+        elif isinstance(exc.__cause__, OSError):
+            causes.append(exc.__cause__)
+        codes = {e.errno for e in causes if e.errno is not None}
+        if errno.ECONNREFUSED in codes or any("refused" in str(e).lower() for e in causes):
             return "connection refused"
-        return f"unreachable ({exc.strerror or exc})"
+        if codes & {errno.ETIMEDOUT}:
+            return f"timeout after {timeout:g} s"
+        detail = next((e.strerror for e in causes if e.strerror), None) or str(exc)
+        return f"unreachable ({detail})"
     await stream.aclose()
     return None
 
@@ -122,23 +136,29 @@ async def dial_once(host: Any, addr: str, timeout: float) -> str | None:
 
 
 async def dial_bootstrap(
-    host: Any, addrs: Sequence[str], policy: DialPolicy = DialPolicy()
+    host: Any,
+    addrs: Sequence[str],
+    policy: DialPolicy = DialPolicy(),
+    report: DialReport | None = None,
 ) -> DialReport:
     """Dial every address concurrently with retries; ``BootstrapError`` when none connects.
 
     Malformed addresses raise ``ConfigError`` before anything is dialed. With
-    ``policy.attempts == math.inf`` this only returns once some peer answered.
+    ``policy.attempts == math.inf`` this only returns once some peer answered. ``report``
+    (when given) is filled in place, so a caller can see the attempts after a
+    ``BootstrapError`` too.
     """
     if not addrs:
         raise ConfigError("no bootstrap peers given")
     for addr in addrs:
         parse_peer_addr(addr)
-    report = DialReport()
+    report = DialReport() if report is None else report
 
     async def one(addr: str) -> None:
         attempt, delay = 0, policy.backoff
         while True:
             attempt += 1
+            report.attempts[addr] = attempt
             why = await dial_once(host, addr, policy.timeout)
             if why is None:
                 report.connected.append(addr)

@@ -15,6 +15,7 @@ import multiaddr
 from libp2p import new_host
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from libp2p.crypto.keys import KeyPair
+from libp2p.network.config import RetryConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.rcmgr import new_resource_manager
@@ -93,6 +94,13 @@ def build_host(key: NodeKey, listen: Sequence[str], limits: HostLimits | None = 
     host = new_host(key_pair=key_pair(key), listen_addrs=addrs, resource_manager=rcmgr)
     if host.get_id().to_base58() != key.peer_id:  # pragma: no cover - a py-libp2p change
         raise ConfigError("py-libp2p derived another peer ID from the node key")
+    # py-libp2p retries every failed dial three more times (0.1 s, 0.2 s, 0.4 s), including a
+    # Noise handshake that failed because another peer answers (its "Peer ID mismatch"
+    # shortcut never matches the Noise error text). Our dialers retry with their own backoff
+    # and say why each attempt failed, so one attempt per dial is enough here.
+    network = host.get_network()
+    if hasattr(network, "retry_config"):
+        network.retry_config = RetryConfig(max_retries=0)
     return host
 
 
