@@ -81,10 +81,13 @@ class WellFormedGate:
                 signed = decode_any(data)
             except SwarmError as exc:
                 raise Refused("malformed", str(exc)) from exc
-            if not isinstance(signed.message, self.types):
+            message = signed.message
+            if not isinstance(message, (PolicyAnnouncement, Verdict, LedgerEvent)) or not (
+                isinstance(message, self.types)
+            ):
                 raise Refused("wrong-kind", signed.envelope.kind)
-            if signed.message.run_id != self.run_id:
-                raise Refused("wrong-run", signed.message.run_id[:40])
+            if message.run_id != self.run_id:
+                raise Refused("wrong-run", message.run_id[:40])
             if signed.id in self._seen:
                 raise Refused("duplicate", "seen before")
         except Refused as exc:

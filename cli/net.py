@@ -34,6 +34,10 @@ BootstrapOption = Annotated[
 ]
 
 
+JOIN_DIAL = DialPolicy()
+"""How ``join`` and ``announce`` dial without ``--wait`` (tests swap in a quicker one)."""
+
+
 def _logging(verbose: bool) -> None:
     handler = RichHandler(console=err_console, show_path=False, rich_tracebacks=False)
     logging.basicConfig(
@@ -166,7 +170,7 @@ def join(
         bootstrap=_bootstrap_list(bootstrap_peers, settings.bootstrap),
         home=node_home,
         metrics_port=metrics_port if metrics_port is not None else (settings.metrics_port or None),
-        dial=forever_policy() if wait else DialPolicy(),
+        dial=forever_policy() if wait else JOIN_DIAL,
     )
     config.check()  # unauthorized role, bad addresses: exit 2 before any network use
     _logging(verbose)
@@ -230,6 +234,7 @@ def announce(
         listen=_listen(("/ip4/0.0.0.0/tcp/0",), listen),
         bootstrap=_bootstrap_list(bootstrap_peers, settings.bootstrap),
         home=node_home,
+        dial=JOIN_DIAL,
     )
     config.check()
     _logging(False)

@@ -50,7 +50,7 @@ async def serve_admin(
     path: Path,
     commands: dict[str, Command],
     *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    task_status: Any = trio.TASK_STATUS_IGNORED,  # trio.TaskStatus (absent in trio-stubs)
 ) -> None:
     """Serve ``commands`` on a Unix socket at ``path`` until cancelled; removes the socket file
     on exit. A stale socket file from a crashed node is replaced."""

@@ -57,7 +57,7 @@ class _NodeCollector:
 def serve_metrics(node: Any, port: int) -> Iterator[int]:
     """Serve metrics on 127.0.0.1:``port`` (0 picks a free port) until the block ends."""
     registry = CollectorRegistry()
-    registry.register(_NodeCollector(node))  # type: ignore[arg-type]
+    registry.register(_NodeCollector(node))
     try:
         server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     except OSError as exc:
