@@ -116,8 +116,11 @@ class ShardcastService:
                 )
             except NetworkError as exc:
                 log.debug("provider lookup failed: %s", exc)
-        found += self.node.peers_by_role().get("trainer", [])
-        found += self.node.overlay.connected_peers()
+        by_role = self.node.peers_by_role()
+        found += by_role.get("trainer", [])
+        # Every run peer we know may hold verified shards (bootstrap peers serve none).
+        run_peers = {p for role, peers in by_role.items() if role != "bootstrap" for p in peers}
+        found += [p for p in self.node.overlay.connected_peers() if p in run_peers]
         me = self.node.peer_id
         return [p for p in dict.fromkeys(found) if p != me]
 

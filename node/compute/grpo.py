@@ -234,7 +234,8 @@ class GRPOTrainer:
         )
 
     def rollback(self, version: int) -> None:
-        """Return to the weights of ``version`` (kept in the window); the optimizer restarts."""
+        """Continue from the weights of ``version`` (kept in the window) as a *new* version:
+        versions only move forward on the network. The optimizer restarts."""
         if version not in self._snapshots:
             held = sorted(self._snapshots)
             raise ConfigError(f"version {version} is no longer held; holds {held}")
@@ -242,7 +243,8 @@ class GRPOTrainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.config.learning_rate, betas=(0.9, 0.99)
         )
-        self.version = version
+        self.version += 1
+        self._snapshots[self.version] = self._cpu_state()
 
     def save_checkpoint(self, path: Path) -> None:
         """Model, optimizer and version, written atomically (tmp file + rename)."""

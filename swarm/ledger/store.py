@@ -41,6 +41,13 @@ CREATE TABLE IF NOT EXISTS evidence (
 );
 CREATE INDEX IF NOT EXISTS evidence_subject ON evidence (subject);
 CREATE TABLE IF NOT EXISTS balances (peer TEXT PRIMARY KEY, balance INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS requests (
+    worker TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    counter INTEGER NOT NULL,
+    submission BLOB NOT NULL,
+    PRIMARY KEY (worker, version, counter)
+);
 """
 
 
@@ -147,6 +154,29 @@ class LedgerStore:
             "SELECT kind, raw FROM evidence WHERE subject = ? ORDER BY id", (subject,)
         )
         return [bytes(raw) for k, raw in rows if kind is None or k == kind]
+
+    def claim_request(
+        self, worker: str, version: int, counter: int, submission: bytes
+    ) -> bytes | None:
+        """Record that ``submission`` is ``worker``'s request ``counter`` of ``version``.
+
+        Returns None while ``submission`` holds the claim (the first time, and when the same
+        submission is delivered again), else the id of the submission that claimed it first:
+        a validator's replay check.
+        """
+        try:
+            self._db.execute(
+                "INSERT OR IGNORE INTO requests VALUES (?, ?, ?, ?)",
+                (worker, version, counter, submission),
+            )
+            row = self._db.execute(
+                "SELECT submission FROM requests WHERE worker = ? AND version = ? AND counter = ?",
+                (worker, version, counter),
+            ).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(f"ledger {self.path}: write failed: {exc}") from exc
+        first = bytes(row[0])
+        return None if first == submission else first
 
     def ids(self) -> set[bytes]:
         return {bytes(r[0]) for r in self._db.execute("SELECT id FROM events")}

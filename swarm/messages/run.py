@@ -34,6 +34,7 @@ class RunParams:
     max_tokens: int = 32
     learning_rate: float = 1e-4
     batch_prompts: int = 8
+    submissions_per_step: int = 1
     max_grad_norm: float = 0.1
     clip_epsilon: float = 0.2
     clip_delta: float = 4.0

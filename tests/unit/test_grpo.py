@@ -139,3 +139,12 @@ def test_collapse_guard_rolls_back_to_the_last_version_that_earned_reward() -> N
     assert guard.observe(_stats(3, 0.0, 0)) is None
     assert guard.observe(_stats(4, 0.0, 0)) == 1  # samples of version 1 earned 0.4
     assert guard.observe(_stats(5, 1.0, 0)) is None  # solved is not collapsed
+
+
+def test_rollback_continues_from_old_weights_as_a_new_version() -> None:
+    trainer = GRPOTrainer(tiny_model(), GRPOConfig(learning_rate=1e-1, max_tokens=1))
+    start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.step([Group([1], [[TARGET], [7]], [1.0, 0.0], 0)])
+    trainer.rollback(0)
+    assert trainer.version == 2
+    assert all(torch.equal(start[k], v) for k, v in trainer.model.state_dict().items())

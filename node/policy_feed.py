@@ -1,0 +1,139 @@
+"""Policy weights for a role on a running node: the trainer publishes and announces, everyone
+else fetches each announced version through SHARDCAST (``node.shardcast.ShardcastService``), and
+every holder serves and advertises what it holds.
+
+Gossip does not replay the past, so a node that joins after an announcement would wait for the
+next one. ``/swarm-node/<run>/policy/1`` closes that gap: every node answers with the newest
+announcement it holds (the trainer's own signature, checked by the same gate as gossip), and a
+node with none asks its peers until it has one.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node.runtime import Node
+from node.shardcast import ShardcastService
+from swarm.errors import PeerError, SwarmError, ValidationError
+from swarm.messages import PolicyAnnouncement, ShardManifest, Signed
+from swarm.net import StreamLimits
+from swarm.shardcast import FetchConfig, ShardStore, publish
+from swarm.shardcast.datachannel import DataChannelConfig
+
+log = logging.getLogger(__name__)
+
+POLICY = "policy"
+POLICY_LIMITS = StreamLimits(max_request=64, max_response=PolicyAnnouncement.MAX_BYTES + 256)
+
+
+class PolicyFeed:
+    def __init__(
+        self,
+        node: Node,
+        root: Path,
+        *,
+        data_channel: bool = True,
+        fetch: FetchConfig | None = None,
+        max_disk: int | None = None,
+        catch_up_every_s: float = 2.0,
+    ) -> None:
+        params = node.config.genesis.message.params
+        self.node = node
+        # One version more than the window: the newest may arrive while the oldest is in use.
+        self.store = ShardStore(root, keep=params.async_level + 2, max_disk=max_disk)
+        self.data_channel = data_channel
+        self.fetch_config = fetch or FetchConfig(stall_timeout=10.0, give_up_after=30.0)
+        self.catch_up_every_s = catch_up_every_s
+        self.service: ShardcastService | None = None
+        self._locks: dict[int, trio.Lock] = {}
+
+    async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve shards and the newest announcement; catch up on the policy until cancelled."""
+        channel = DataChannelConfig() if self.data_channel else None
+        async with ShardcastService.start(
+            self.node, self.node.config.genesis, self.store, data_channel=channel
+        ) as service:
+            self.service = service
+            self.node.handle(POLICY, self._on_policy, POLICY_LIMITS)
+            task_status.started()
+            await self._catch_up()
+
+    async def _on_policy(self, peer: str, body: bytes) -> bytes:
+        newest = self.node.policy.newest
+        if newest is None:
+            raise PeerError("no policy announcement known here yet")
+        return newest.raw
+
+    async def _catch_up(self) -> None:
+        """Until some announcement is known, ask trainers first, then other peers."""
+        while self.node.policy.newest is None:
+            by_role = self.node.peers_by_role()
+            others = [p for role, ps in by_role.items() if role != "trainer" for p in ps]
+            random.shuffle(others)
+            for peer in [*by_role.get("trainer", []), *others[:3]]:
+                try:
+                    raw = await self.node.request(peer, POLICY, b"", POLICY_LIMITS)
+                except SwarmError:
+                    continue
+                if self.node.policy_gate.accept(raw) is not None:
+                    break
+            if self.node.policy.newest is None:
+                await trio.sleep(self.catch_up_every_s)
+
+    def path_of(self, version: int) -> Path | None:
+        """The safetensors file of a complete local version, or None."""
+        if self.store.is_complete(version):
+            return self.store.directory(version) / "data"
+        return None
+
+    def _service(self) -> ShardcastService:
+        if self.service is None:
+            raise RuntimeError("PolicyFeed.run must be started first")
+        return self.service
+
+    async def publish(self, version: int, weights: Path) -> Signed[ShardManifest]:
+        """Trainer: cut, sign, store, serve and advertise ``weights`` as ``version``; announce."""
+        node = self.node
+        manifest = await trio.to_thread.run_sync(
+            lambda: publish(
+                weights,
+                key=node.key,
+                genesis=node.config.genesis,
+                version=version,
+                store=self.store,
+            )
+        )
+        await self._service().advertise(version)
+        await node.announce_policy(version, manifest.id)
+        return manifest
+
+    async def fetch(self, announcement: Signed[PolicyAnnouncement]) -> Path:
+        """The local file of the announced version, fetched (or resumed) when missing."""
+        version = announcement.message.version
+        async with self._locks.setdefault(version, trio.Lock()):
+            local = self.path_of(version)
+            if local is None:
+                result = await self._service().fetch(version, config=self.fetch_config)
+                log.info(
+                    "policy v%d fetched: %d shards (%d resumed) in %.2f s",
+                    version,
+                    result.fetched_shards,
+                    result.resumed_shards,
+                    result.seconds,
+                )
+                local = result.path
+        self._locks.pop(version, None)
+        if self.store.manifest(version).id != announcement.message.manifest_id:
+            raise ValidationError(
+                f"the trainer signed two manifests for v{version}; the held one is not the"
+                " announced one"
+            )
+        return local
+
+    def status(self) -> dict[str, Any]:
+        return {} if self.service is None else self.service.status()

@@ -1,0 +1,114 @@
+"""Start a node's role on top of a running ``Node``: the policy feed (SHARDCAST serving and
+fetching), the ledger replica, and the trainer, validator or inference worker.
+
+    async with Node.start(config) as node, launch(node, run_dir) as role:
+        ...                                   # role.worker / role.validator / role.trainer
+
+The model runs in a child process by default (``engine_factory``); tests pass an in-process
+engine through the same interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node.compute.engine import Engine
+from node.model import DEFAULT_MODEL_DIR
+from node.policy_feed import PolicyFeed
+from node.roles.ledger_sync import LedgerReplica
+from node.roles.trainer import Trainer
+from node.roles.validator import Validator
+from node.roles.worker import InferenceWorker, Tamper
+from node.runtime import Node
+from swarm.ledger import LedgerStore
+
+EngineFactory = Callable[[], Engine]
+
+
+def child_engine() -> Engine:
+    """The production engine: the embedded default model in a child process."""
+    from node.compute.child import ChildEngine
+
+    return ChildEngine(DEFAULT_MODEL_DIR, threads=1)
+
+
+@dataclass
+class RoleHandle:
+    node: Node
+    feed: PolicyFeed
+    ledger: LedgerStore
+    replica: LedgerReplica
+    worker: InferenceWorker | None = None
+    validator: Validator | None = None
+    trainer: Trainer | None = None
+
+    def status(self) -> dict[str, Any]:
+        balances = self.ledger.balances()
+        out: dict[str, Any] = {
+            "shardcast": self.feed.status(),
+            "ledger": {
+                "events": len(self.ledger),
+                "balance": balances.of(self.node.peer_id),
+                "banned": sorted(p for p in balances.by_peer if balances.banned(p)),
+            },
+        }
+        if self.worker is not None:
+            out["worker"] = {"loaded_version": self.worker.loaded, **vars(self.worker.stats)}
+        if self.validator is not None:
+            out["validator"] = vars(self.validator.stats)
+        if self.trainer is not None:
+            t = self.trainer
+            out["trainer"] = {
+                "version": t.version,
+                "reward_by_version": t.stats.reward_by_version(),
+                "queued": t.stats.queued,
+                "idle_fraction": t.idle_fraction(),
+                "rollbacks": t.stats.rollbacks,
+            }
+        return out
+
+
+@asynccontextmanager
+async def launch(
+    node: Node,
+    run_dir: Path,
+    *,
+    engine_factory: EngineFactory = child_engine,
+    tamper: Tamper | None = None,
+    max_versions: int | None = None,
+    data_channel: bool = True,
+    ledger_sync_every_s: float = 10.0,
+) -> AsyncIterator[RoleHandle]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    feed = PolicyFeed(node, run_dir / "shards", data_channel=data_channel)
+    ledger = LedgerStore(run_dir / "ledger.db", node.config.genesis)
+    replica = LedgerReplica(node, ledger, every_s=ledger_sync_every_s)
+    handle = RoleHandle(node, feed, ledger, replica)
+    engine: Engine | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(feed.run)
+            nursery.start_soon(replica.run)
+            if node.role == "trainer":
+                handle.trainer = Trainer(node, feed, run_dir, max_versions=max_versions)
+                nursery.start_soon(handle.trainer.run)
+            elif node.role == "validator":
+                engine = await trio.to_thread.run_sync(engine_factory)
+                handle.validator = Validator(node, feed, engine, ledger)
+                nursery.start_soon(handle.validator.run)
+            elif node.role == "inference":
+                engine = await trio.to_thread.run_sync(engine_factory)
+                handle.worker = InferenceWorker(node, feed, engine, run_dir, tamper=tamper)
+                nursery.start_soon(handle.worker.run)
+            yield handle
+            nursery.cancel_scope.cancel()
+    finally:
+        if engine is not None:
+            engine.close()
+        ledger.close()

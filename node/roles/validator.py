@@ -1,0 +1,166 @@
+"""The validator role: judge submissions, sign verdicts and ledger events, gossip them, and hand
+accepted samples to the trainers.
+
+Submissions arrive on ``/swarm-node/<run>/submit/1``; the answer is the signed Verdict. Judging
+runs one at a time off the event loop on the engine holding the submission's policy version
+(fetched through SHARDCAST when missing). A submission delivered twice gets its stored verdict
+again, never a second credit. Accepted work goes to every trainer as the pair (submission,
+verdict): both signed, so a trainer trusts neither this node nor the wire.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import trio
+
+from node.compute.engine import Engine
+from node.policy_feed import PolicyFeed
+from node.roles.judge import JudgeContext, Judgement, judge, precheck
+from node.roles.verdicts import record_judgement
+from node.roles.worker import SUBMIT, SUBMIT_LIMITS
+from node.run import suite_for
+from node.runtime import Node
+from swarm.errors import NetworkError, SwarmError, ValidationError
+from swarm.ledger import LedgerStore
+from swarm.messages import LedgerEvent, RolloutSubmission, Signed, Verdict, decode
+from swarm.net import StreamLimits
+
+log = logging.getLogger(__name__)
+
+SAMPLES = "samples"
+SAMPLES_LIMITS = StreamLimits(
+    max_request=RolloutSubmission.MAX_BYTES + Verdict.MAX_BYTES + 4096,
+    max_response=1024,
+    timeout=30.0,
+)
+
+
+@dataclass
+class ValidatorStats:
+    judged: int = 0
+    accepted: int = 0
+    rejected_soft: int = 0
+    rejected_hard: int = 0
+    judge_seconds: float = 0.0
+
+
+class Validator:
+    def __init__(self, node: Node, feed: PolicyFeed, engine: Engine, ledger: LedgerStore) -> None:
+        self.node = node
+        self.feed = feed
+        self.engine = engine
+        self.ledger = ledger
+        self.params = node.config.genesis.message.params
+        self.suite = suite_for(node.config.genesis.message)
+        self.stats = ValidatorStats()
+        self._loaded: int | None = None
+        self._lock = trio.Lock()
+
+    async def run(self) -> None:
+        """Serve submissions, and fetch every announced version ahead of the work it brings."""
+        self.node.handle(SUBMIT, self._on_submit, SUBMIT_LIMITS)
+        wanted = 0
+        while True:
+            announcement = await self.node.policy.wait_for(wanted)
+            try:
+                await self.feed.fetch(announcement)
+            except SwarmError as exc:
+                log.warning("fetching policy v%d failed: %s", announcement.message.version, exc)
+                await trio.sleep(1.0)  # back off, then try the newest announcement again
+                continue
+            wanted = announcement.message.version + 1
+
+    async def _on_submit(self, peer: str, body: bytes) -> bytes:
+        submission = decode(body, RolloutSubmission)
+        if submission.signer != peer:
+            raise ValidationError("a submission must come from the worker that signed it")
+        return (await self.handle(submission)).raw
+
+    async def handle(self, submission: Signed[RolloutSubmission]) -> Signed[Verdict]:
+        async with self._lock:
+            stored = self.ledger.evidence(submission.id, "verdict")
+            if stored:
+                return decode(stored[0], Verdict)
+            s = submission.message
+            first = self.ledger.claim_request(
+                submission.signer, s.policy_version, s.counter, submission.id
+            )
+            related = (
+                []
+                if first is None
+                else [
+                    decode(raw, RolloutSubmission)
+                    for raw in self.ledger.evidence(first, "submission")[:1]
+                ]
+            )
+            newest = self.node.policy.newest
+            ctx = JudgeContext(
+                self.node.run_id,
+                self.params,
+                self.suite,
+                -1 if newest is None else newest.message.version,
+                self.ledger.balances(),
+            )
+            started = time.perf_counter()
+            judgement = await self._judge(submission, ctx, counter_seen=first is not None)
+            self.stats.judge_seconds += time.perf_counter() - started
+            recorded = record_judgement(
+                self.ledger, self.node.key, submission, judgement, self.params, related=related
+            )
+        self._count(judgement)
+        await self._publish(recorded.verdict, recorded.events)
+        if judgement.accepted:
+            await self._hand_to_trainers(submission, recorded.verdict)
+        return recorded.verdict
+
+    async def _judge(
+        self, submission: Signed[RolloutSubmission], ctx: JudgeContext, *, counter_seen: bool
+    ) -> Judgement:
+        early = precheck(submission, ctx, counter_seen=counter_seen)
+        if early is not None:
+            return early
+        version = submission.message.policy_version
+        if version != self._loaded:
+            path = self.feed.path_of(version)
+            newest = self.node.policy.newest
+            if path is None and newest is not None and newest.message.version == version:
+                path = await self.feed.fetch(newest)
+            if path is None:
+                return Judgement(False, "soft", [f"policy v{version} is not held here"])
+            await trio.to_thread.run_sync(self.engine.load_weights, str(path))
+            self._loaded = version
+        return await trio.to_thread.run_sync(
+            lambda: judge(submission, ctx, self.engine, counter_seen=counter_seen)
+        )
+
+    def _count(self, judgement: Judgement) -> None:
+        self.stats.judged += 1
+        if judgement.accepted:
+            self.stats.accepted += 1
+        elif judgement.severity == "hard":
+            self.stats.rejected_hard += 1
+        else:
+            self.stats.rejected_soft += 1
+
+    async def _publish(self, verdict: Signed[Verdict], events: list[Signed[LedgerEvent]]) -> None:
+        batch: list[Signed[Any]] = [verdict, *events]
+        for signed in batch:
+            try:
+                await self.node.publish_ledger(signed)
+            except SwarmError as exc:  # gossip is best effort; ledger sync repairs it
+                log.warning("could not gossip %s: %s", signed.envelope.kind, exc)
+
+    async def _hand_to_trainers(
+        self, submission: Signed[RolloutSubmission], verdict: Signed[Verdict]
+    ) -> None:
+        body = msgpack.packb([submission.raw, verdict.raw], use_bin_type=True)
+        for trainer in self.node.config.genesis.message.trainers:
+            try:
+                await self.node.request(trainer, SAMPLES, body, SAMPLES_LIMITS)
+            except NetworkError as exc:
+                log.warning("trainer %s did not take accepted samples: %s", trainer[-8:], exc)
