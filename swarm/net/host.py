@@ -20,6 +20,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.rcmgr import new_resource_manager
 from libp2p.rcmgr.connection_limits import ConnectionLimits
+from libp2p.utils.address_validation import expand_wildcard_address
 
 from swarm.errors import ConfigError
 from swarm.identity import NodeKey, public_from_peer_id
@@ -108,11 +109,29 @@ def listen_addrs(listen: Sequence[str]) -> list[Any]:
     return [parse_multiaddr(a) for a in listen]
 
 
+_WILDCARDS = ("/ip4/0.0.0.0/", "/ip6/::/")
+
+
+def _concrete(addr: Any) -> list[Any]:
+    """A listen address as others can dial it: a wildcard (``0.0.0.0``, ``::``) becomes the
+    machine's interface addresses (py-libp2p would advertise the wildcard itself)."""
+    if not str(addr).startswith(_WILDCARDS):
+        return [addr]
+    try:
+        expanded = list(expand_wildcard_address(addr))
+    except Exception:  # interface enumeration is best effort
+        return [addr]
+    return expanded or [addr]
+
+
 def full_addrs(host: Any) -> list[str]:
     """The host's dialable addresses, each ending in ``/p2p/<peer id>``."""
     peer = host.get_id().to_base58()
-    out = []
-    for addr in host.get_addrs():
-        text = str(addr)
-        out.append(text if "/p2p/" in text else f"{text}/p2p/{peer}")
+    out: list[str] = []
+    for listen in host.get_addrs():
+        for addr in _concrete(listen):
+            text = str(addr)
+            text = text if "/p2p/" in text else f"{text}/p2p/{peer}"
+            if text not in out:
+                out.append(text)
     return out

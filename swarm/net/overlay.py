@@ -16,6 +16,7 @@ py-libp2p choices made here, each for a reason:
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from swarm.errors import NetworkError, SwarmError
 from swarm.identity import NodeKey
 from swarm.messages import RoleAdvert, Signed
 from swarm.net.dial import DialPolicy, DialReport, dial_bootstrap
-from swarm.net.host import HostLimits, build_host, full_addrs, listen_addrs
+from swarm.net.host import HostLimits, build_host, full_addrs, listen_addrs, parse_multiaddr
 from swarm.net.names import NAMESPACE, advert_key
 from swarm.net.records import Clock, RoleAdvertValidator, check_advert, wall_clock_ms
 
@@ -58,6 +59,26 @@ class OverlayConfig:
     limits: HostLimits | None = None
     clock: Clock = wall_clock_ms
     gossip_degree: tuple[int, int, int] = (6, 4, 12)
+
+
+def _bind_error(listen: str) -> str | None:
+    """Why a plain TCP bind to a listen address fails (``None`` when it would work)."""
+    addr = parse_multiaddr(listen)
+    try:
+        port = int(addr.value_for_protocol("tcp"))
+        family, host = socket.AF_INET, addr.value_for_protocol("ip4")
+    except Exception:
+        try:
+            family, host = socket.AF_INET6, addr.value_for_protocol("ip6")
+        except Exception:
+            return None
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 class Overlay:
@@ -111,6 +132,15 @@ class Overlay:
                 raise NetworkError(
                     f"cannot listen on {', '.join(overlay.config.listen)}: {exc.strerror or exc}"
                 ) from exc
+            if not overlay.host.get_addrs():
+                # py-libp2p logs a failed bind and runs on, listening nowhere.
+                reasons = "; ".join(
+                    f"{a}: {why}" for a in overlay.config.listen if (why := _bind_error(a))
+                )
+                raise NetworkError(
+                    f"cannot listen on {reasons or ', '.join(overlay.config.listen)}; pick another"
+                    " --listen port (or /tcp/0 for any free one)"
+                )
             await stack.enter_async_context(background_trio_service(overlay.pubsub))
             await stack.enter_async_context(background_trio_service(overlay.gossipsub))
             await stack.enter_async_context(background_trio_service(overlay.dht))

@@ -154,3 +154,21 @@ def test_join_as_trainer_with_a_key_the_genesis_does_not_name_exits_2(
     )  # fmt: skip
     assert code == 2
     assert "is not a trainer of this run" in " ".join(err.split())
+
+
+def test_join_on_a_port_in_use_says_so_and_exits_2(
+    capsys: pytest.CaptureFixture[str], node_home: Path, genesis: Path
+) -> None:
+    bootstrap = f"/ip4/127.0.0.1/tcp/{closed_port()}/p2p/{key_named('boot').peer_id}"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code, _, err = run(
+            capsys,
+            "join", "--role", "inference", "--run", str(genesis), "--home", str(node_home),
+            "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--bootstrap", bootstrap,
+        )  # fmt: skip
+    assert code == 2
+    line = " ".join(err.split())
+    assert f"cannot listen on /ip4/127.0.0.1/tcp/{port}: Address already in use" in line
