@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from cli import identity, ledger, net, run, shardcast
+from cli import identity, ledger, net, run, shardcast, up
 from cli.common import err_console
 from swarm.errors import SwarmError
 
@@ -25,6 +25,7 @@ run.register(app)
 net.register(app)
 ledger.register(app)
 shardcast.register(app)
+up.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,6 +18,8 @@ from bootstrap.peers import EMPTY_LIST_HELP, default_peers
 from bootstrap.service import BootstrapConfig, BootstrapPeer
 from cli.common import HomeOption, console, err_console, open_home
 from node import admin
+from node.roles.cheats import cheat_by_name
+from node.roles.launch import launch
 from node.run import load_genesis
 from node.runtime import Node, RuntimeConfig, forever_policy
 from swarm.errors import ConfigError, SwarmError
@@ -150,9 +152,22 @@ def join(
         int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics (127.0.0.1).")
     ] = None,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+    max_versions: Annotated[
+        int | None,
+        typer.Option("--max-versions", help="Trainer: stop training after this many versions."),
+    ] = None,
+    cheat: Annotated[
+        str | None,
+        typer.Option(
+            "--cheat",
+            hidden=True,
+            help="Demo and tests only: submit forged work of this kind (it gets slashed).",
+        ),
+    ] = None,
     home: HomeOption = None,
 ) -> None:
-    """Join a run: dial bootstrap peers, advertise the role, follow policy gossip."""
+    """Join a run and do the role's work: generate (inference), judge (validator) or train
+    (trainer); advertise the role and follow policy gossip."""
     try:
         node_role = parse_role(role)
     except SwarmError as exc:
@@ -174,9 +189,13 @@ def join(
     )
     config.check()  # unauthorized role, bad addresses: exit 2 before any network use
     _logging(verbose)
+    tamper = cheat_by_name(cheat) if cheat is not None else None
 
     async def main() -> None:
-        async with Node.start(config) as node:
+        async with (
+            Node.start(config) as node,
+            launch(node, node_home.run_dir(node.run_id), tamper=tamper, max_versions=max_versions),
+        ):
             err_console.print(
                 f"joined run {node.run_id} as {node.role} ({node.peer_id}); listening on"
                 f" {', '.join(node.overlay.addrs())}. Ctrl-C stops the node.",

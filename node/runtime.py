@@ -127,6 +127,8 @@ class Node:
         self.bootstrap_connected: list[str] = []
         self.servers: dict[str, StreamServer] = {}
         self._ledger_handlers: list[LedgerHandler] = []
+        self.status_extras: dict[str, Callable[[], Any]] = {}
+        """Sections that roles add to ``status()`` (name -> a function returning plain data)."""
         self._nursery: trio.Nursery | None = None
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -308,6 +310,7 @@ class Node:
             "gossip": self.stats.as_dict(),
             "rejected_adverts": self.membership.rejected_adverts,
             "warnings": list(self.membership.duplicate_warnings),
+            **{name: section() for name, section in self.status_extras.items()},
         }
 
     def admin_commands(self) -> dict[str, admin.Command]:

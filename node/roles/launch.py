@@ -10,6 +10,7 @@ engine through the same interface.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -68,7 +69,7 @@ class RoleHandle:
                 "version": t.version,
                 "reward_by_version": t.stats.reward_by_version(),
                 "queued": t.stats.queued,
-                "idle_fraction": t.idle_fraction(),
+                "idle_fraction": None if math.isnan(t.idle_fraction()) else t.idle_fraction(),
                 "rollbacks": t.stats.rollbacks,
             }
         return out
@@ -90,6 +91,7 @@ async def launch(
     ledger = LedgerStore(run_dir / "ledger.db", node.config.genesis)
     replica = LedgerReplica(node, ledger, every_s=ledger_sync_every_s)
     handle = RoleHandle(node, feed, ledger, replica)
+    node.status_extras["role_status"] = handle.status
     engine: Engine | None = None
     try:
         async with trio.open_nursery() as nursery:

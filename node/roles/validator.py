@@ -46,6 +46,8 @@ class ValidatorStats:
     accepted: int = 0
     rejected_soft: int = 0
     rejected_hard: int = 0
+    refused: int = 0
+    """Not judged at all: another run, or a banned worker."""
     judge_seconds: float = 0.0
 
 
@@ -144,8 +146,10 @@ class Validator:
             self.stats.accepted += 1
         elif judgement.severity == "hard":
             self.stats.rejected_hard += 1
-        else:
+        elif judgement.severity == "soft":
             self.stats.rejected_soft += 1
+        else:
+            self.stats.refused += 1
 
     async def _publish(self, verdict: Signed[Verdict], events: list[Signed[LedgerEvent]]) -> None:
         batch: list[Signed[Any]] = [verdict, *events]

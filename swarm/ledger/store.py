@@ -178,6 +178,13 @@ class LedgerStore:
         first = bytes(row[0])
         return None if first == submission else first
 
+    def evidence_of_kind(self, kind: str) -> Iterator[bytes]:
+        """Every stored evidence envelope of one kind ("submission" or "verdict")."""
+        for (raw,) in self._db.execute(
+            "SELECT raw FROM evidence WHERE kind = ? ORDER BY id", (kind,)
+        ):
+            yield bytes(raw)
+
     def ids(self) -> set[bytes]:
         return {bytes(r[0]) for r in self._db.execute("SELECT id FROM events")}
 

@@ -4,7 +4,6 @@ the honest workers are credited, and the audit agrees with every slash."""
 
 from __future__ import annotations
 
-import dataclasses
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -14,20 +13,14 @@ from bootstrap.service import BootstrapConfig, BootstrapPeer
 from node.audit import audit_ledger, policy_dir_source
 from node.compute.torch_engine import TorchEngine
 from node.model import DEFAULT_MODEL_DIR
+from node.roles.cheats import edit_token
 from node.roles.launch import RoleHandle, launch
 from node.run import create_genesis
 from node.runtime import Node, RuntimeConfig
-from swarm.messages import RolloutSubmission, RunParams
+from swarm.messages import RunParams
 from tests.netfactory import FAST_DIAL, LOOPBACK, key_named, wait_until
 
 PARAMS = RunParams(group_size=4, batch_prompts=2, max_tokens=8, async_level=2)
-
-
-def cheat(submission: RolloutSubmission) -> RolloutSubmission:
-    """Edit one generated token (and keep the proofs): the sampling check must catch it."""
-    sample = submission.samples[0]
-    edited = dataclasses.replace(sample, tokens=(sample.tokens[0] ^ 1, *sample.tokens[1:]))
-    return dataclasses.replace(submission, samples=(edited, *submission.samples[1:]))
 
 
 @pytest.mark.slow
@@ -82,7 +75,7 @@ async def test_swarm_trains_and_slashes_the_cheater(tmp_path: Path) -> None:
         trainer = await start(trainer_key, "trainer", max_versions=3)
         validator = await start(validator_key, "validator")
         honest = [await start(k, "inference") for k in workers]
-        bad = await start(cheater, "inference", tamper=cheat)
+        bad = await start(cheater, "inference", tamper=edit_token)
 
         assert trainer.trainer is not None and validator.validator is not None
         await wait_until(lambda: trainer.trainer.version >= 2, 240, poll=0.2)  # type: ignore[union-attr]

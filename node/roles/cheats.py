@@ -1,0 +1,63 @@
+"""Forged work for the demo's cheating worker and the tests: each is an edit a dishonest worker
+could make to its own submission before signing it. Every one of them must end in a hard
+rejection and a slash (tests/integration/test_judge.py holds the detection matrix)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from swarm.errors import ConfigError
+from swarm.messages import RolloutSubmission, Sample
+
+Cheat = Callable[[RolloutSubmission], RolloutSubmission]
+
+
+def _edit_first(
+    submission: RolloutSubmission, edit: Callable[[Sample], Sample]
+) -> RolloutSubmission:
+    return dataclasses.replace(
+        submission, samples=(edit(submission.samples[0]), *submission.samples[1:])
+    )
+
+
+def edit_token(submission: RolloutSubmission) -> RolloutSubmission:
+    """Change one generated token and keep the proofs (the sampling check catches it)."""
+    return _edit_first(
+        submission,
+        lambda s: dataclasses.replace(s, tokens=(s.tokens[0] ^ 1, *s.tokens[1:])),
+    )
+
+
+def wrong_seed(submission: RolloutSubmission) -> RolloutSubmission:
+    """Claim another seed than the assigned one (the assignment check catches it)."""
+    return _edit_first(submission, lambda s: dataclasses.replace(s, seed=s.seed + 1))
+
+
+def false_finish(submission: RolloutSubmission) -> RolloutSubmission:
+    """Cut the output short and report it finished (the termination check catches it)."""
+    return _edit_first(
+        submission, lambda s: dataclasses.replace(s, tokens=s.tokens[:1], finish_reason="stop")
+    )
+
+
+def unassigned_prompts(submission: RolloutSubmission) -> RolloutSubmission:
+    """Answer prompts of its own choosing (the assignment check catches it)."""
+    return dataclasses.replace(
+        submission, prompt_ids=tuple(str(i) for i in range(len(submission.prompt_ids)))
+    )
+
+
+CHEATS: dict[str, Cheat] = {
+    "edit-token": edit_token,
+    "wrong-seed": wrong_seed,
+    "false-finish": false_finish,
+    "unassigned-prompts": unassigned_prompts,
+}
+
+
+def cheat_by_name(name: str) -> Cheat:
+    try:
+        return CHEATS[name]
+    except KeyError:
+        raise ConfigError(f"unknown cheat {name!r}; one of {', '.join(CHEATS)}") from None

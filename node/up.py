@@ -1,0 +1,291 @@
+"""``swarm-node up``: a whole local swarm as separate processes on 127.0.0.1.
+
+A bootstrap peer, a trainer, a validator, N honest inference workers and (by default) one
+cheating worker, each a ``swarm-node`` process with a fresh home under ``OUT/homes``, joined to a
+genesis made for the embedded default model. ``LocalSwarm`` starts them, reads their admin
+sockets for the live view, stops them all (SIGINT, then SIGKILL after a grace period), and then
+the audit runs on the validator's ledger. Everything lands in ``OUT``: ``summary.json``, the
+reward curve, the ledger and every process's log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node import admin
+from node.audit import audit_ledger, policy_dir_source
+from node.home import NodeConfig, NodeHome
+from node.run import create_genesis, write_genesis
+from swarm.errors import ConfigError, NetworkError, StorageError, SwarmError
+from swarm.messages import RunParams, run_id_of
+
+log = logging.getLogger(__name__)
+
+DEMO_PARAMS = RunParams(
+    group_size=8,
+    batch_prompts=8,
+    max_tokens=12,
+    learning_rate=3e-4,
+    max_grad_norm=1.0,
+    async_level=2,
+    submissions_per_step=1,
+)
+"""The demo run's parameters (see docs/BENCHMARKS.md, in-process GRPO, for how they were set)."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Children get SIGTERM if ``up`` itself dies (kill -9 included): no orphaned swarm."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Proc:
+    name: str
+    role: str
+    home: Path
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+    peer_id: str = ""
+    status: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+@dataclass
+class UpConfig:
+    out: Path
+    workers: int = 2
+    versions: int = 20
+    minutes: float = 10.0
+    with_cheater: bool = True
+    cheat: str = "edit-token"
+    params: RunParams = DEMO_PARAMS
+
+
+class LocalSwarm:
+    def __init__(self, config: UpConfig) -> None:
+        self.config = config
+        self.out = config.out
+        self.procs: list[Proc] = []
+        self.genesis_path = self.out / "run.genesis"
+        self.started = time.monotonic()
+        self.run_id = ""
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Homes, keys and the genesis. Refuses an ``--out`` that already holds a run."""
+        if self.out.exists() and any(self.out.iterdir()):
+            raise ConfigError(
+                f"{self.out} is not empty (a previous `up`?); choose another --out or remove it"
+            )
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        homes = self.out / "homes"
+        names = [("bootstrap", "bootstrap"), ("trainer", "trainer"), ("validator", "validator")]
+        names += [(f"worker-{i}", "inference") for i in range(self.config.workers)]
+        if self.config.with_cheater:
+            names.append(("cheater", "inference"))
+        owner, _ = NodeHome(homes / "owner").create()
+        for name, role in names:
+            home = NodeHome(homes / name)
+            key, _ = home.create()
+            home.save_config(NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",)))
+            proc = Proc(
+                name, role, home.path, self.out / "logs" / f"{name}.log", peer_id=key.peer_id
+            )
+            self.procs.append(proc)
+        genesis = create_genesis(
+            owner,
+            name="local demo",
+            trainers=[self.proc("trainer").peer_id],
+            validators=[self.proc("validator").peer_id],
+            params=self.config.params,
+        )
+        write_genesis(genesis, self.genesis_path)
+        self.run_id = run_id_of(genesis)
+
+    def proc(self, name: str) -> Proc:
+        return next(p for p in self.procs if p.name == name)
+
+    def _spawn(self, proc: Proc, args: list[str]) -> None:
+        env = os.environ | {"SWARM_NODE_HOME": str(proc.home), "PYTHONUNBUFFERED": "1"}
+        env.pop("SWARM_NODE_PASSPHRASE", None)
+        with proc.log_path.open("ab") as log_file:
+            proc.popen = subprocess.Popen(
+                [sys.executable, "-m", "cli.app", *args, "--home", str(proc.home)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # our Ctrl-C is ours to forward, in order
+                preexec_fn=_die_with_parent,
+            )
+
+    async def start(self) -> None:
+        boot = self.proc("bootstrap")
+        self._spawn(boot, ["bootstrap", "--listen", "/ip4/127.0.0.1/tcp/0"])
+        address = await self._bootstrap_address(boot)
+        for proc in self.procs:
+            if proc is boot:
+                continue
+            args = ["join", "--role", proc.role, "--run", str(self.genesis_path)]
+            args += ["--bootstrap", address]
+            if proc.name == "cheater":
+                args += ["--cheat", self.config.cheat]
+            self._spawn(proc, args)
+
+    async def _bootstrap_address(self, boot: Proc, timeout: float = 60.0) -> str:
+        with trio.move_on_after(timeout):
+            while True:
+                for line in boot.log_path.read_text(errors="replace").splitlines():
+                    if line.startswith("/ip4/127.0.0.1/") and "/p2p/" in line:
+                        return line.strip()
+                if not boot.alive:
+                    break
+                await trio.sleep(0.1)
+        raise NetworkError(f"the bootstrap peer did not start; see {boot.log_path}")
+
+    # -- while it runs -------------------------------------------------------------------------
+
+    async def poll(self) -> None:
+        """Refresh every process's status from its admin socket (missing ones stay as they were)."""
+        for proc in self.procs:
+            if not proc.alive:
+                continue
+            try:
+                answer = await admin.query(admin.socket_path(proc.home), {"cmd": "status"}, 2.0)
+            except SwarmError:
+                continue
+            proc.status = answer.get("status", {})
+
+    def trainer_status(self) -> dict[str, Any]:
+        return dict(self.proc("trainer").status.get("role_status", {}).get("trainer", {}))
+
+    def reward_by_version(self) -> list[tuple[int, float]]:
+        rewards = self.trainer_status().get("reward_by_version", {})
+        return sorted((int(v), float(r)) for v, r in rewards.items())
+
+    def version(self) -> int:
+        return int(self.trainer_status().get("version", 0))
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def finished(self) -> str | None:
+        if self.version() >= self.config.versions:
+            return f"reached {self.config.versions} versions"
+        if self.elapsed() >= self.config.minutes * 60:
+            return f"time limit of {self.config.minutes:g} minutes"
+        dead = [p.name for p in self.procs if p.popen is not None and not p.alive]
+        if dead:
+            return f"process(es) exited: {', '.join(dead)} (see {self.out / 'logs'})"
+        return None
+
+    # -- shutdown and results ------------------------------------------------------------------
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGINT every process (workers first, bootstrap last), then SIGKILL what remains."""
+        order = [p for p in reversed(self.procs) if p.alive]
+        for proc in order:
+            assert proc.popen is not None
+            proc.popen.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + grace
+        for proc in order:
+            assert proc.popen is not None
+            try:
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+
+    def validator_ledger(self) -> Path:
+        return self.proc("validator").home / "runs" / self.run_id / "ledger.db"
+
+    def summarise(self, reason: str) -> dict[str, Any]:
+        """Copy the ledger, audit it, and write ``summary.json`` (partial on an early stop)."""
+        summary: dict[str, Any] = {
+            "stopped_because": reason,
+            "wall_s": round(self.elapsed(), 1),
+            "run_id": self.run_id,
+            "reward_by_version": [r for _, r in self.reward_by_version()],
+            "versions": [v for v, _ in self.reward_by_version()],
+            "cheaters": [p.peer_id for p in self.procs if p.name == "cheater"],
+            "honest_workers": [p.peer_id for p in self.procs if p.name.startswith("worker-")],
+        }
+        ledger = self.validator_ledger()
+        if ledger.exists():
+            shutil.copy2(ledger, self.out / "ledger.db")
+            summary |= self._ledger_facts(self.out / "ledger.db")
+            policies = self.proc("trainer").home / "runs" / self.run_id / "policies"
+            try:
+                rows = audit_ledger(self.out / "ledger.db", policy_dir_source(policies))
+                summary["audit_ok"] = all(r.ok for r in rows)
+                summary["audit"] = [r.__dict__ for r in rows]
+            except SwarmError as exc:
+                summary["audit_ok"] = False
+                summary["audit"] = [{"check": "audit", "ok": False, "detail": str(exc)}]
+        else:
+            summary["audit_ok"] = False
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        self._plot(summary)
+        return summary
+
+    def _ledger_facts(self, path: Path) -> dict[str, Any]:
+        from swarm.ledger import LedgerStore
+        from swarm.messages import Verdict, decode
+
+        try:
+            store = LedgerStore.open_existing(path)
+        except StorageError as exc:
+            return {"ledger_error": str(exc)}
+        balances = store.balances()
+        events = list(store.events())
+        verdicts = [decode(raw, Verdict) for raw in store.evidence_of_kind("verdict")]
+        store.close()
+        return {
+            "accepted": sum(1 for v in verdicts if v.message.accepted),
+            "rejected": sum(1 for v in verdicts if not v.message.accepted),
+            "slashed": sorted({e.message.peer for e in events if e.message.event == "slash"}),
+            "banned": sorted(p for p in balances.by_peer if balances.banned(p)),
+            "credited": sorted({e.message.peer for e in events if e.message.event == "credit"}),
+            "balances": dict(balances.by_peer),
+        }
+
+    def _plot(self, summary: dict[str, Any]) -> None:
+        rewards = summary.get("reward_by_version") or []
+        if not rewards:
+            return
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot(summary["versions"], rewards, marker="o", markersize=3)
+        ax.set_xlabel("policy version")
+        ax.set_ylabel("mean reward of accepted samples")
+        ax.set_title(f"swarm-node up: {len(rewards)} versions in {summary['wall_s']:.0f} s")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(self.out / "reward_curve.png", dpi=120)
+        plt.close(fig)
