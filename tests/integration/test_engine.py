@@ -17,7 +17,7 @@ from node.model import DEFAULT_MODEL_DIR
 from node.model import tokenizer as tok
 from node.tasks import default_suite
 from swarm.errors import EngineError
-from swarm.toploc import build_proofs, verify_proofs
+from swarm.toploc import build_proofs, proofs_pass, verify_proofs
 
 PROMPTS = [tok.encode(default_suite().task(i).prompt) for i in range(6)]
 
@@ -92,9 +92,13 @@ def test_child_generates_what_the_in_process_engine_does(
     here = engine.generate(PROMPTS[:3], [1, 2, 3], 1.0, 12)
     there = child.generate(PROMPTS[:3], [1, 2, 3], 1.0, 12)
     assert [g.tokens for g in there] == [g.tokens for g in here]
-    assert all(np.array_equal(a.hidden, b.hidden) for a, b in zip(here, there, strict=True))
+    # The child runs one thread, this process more: float reductions may round differently in
+    # the last bit, so the hidden states agree as TOPLOC sees them, not bit for bit.
+    for a, b in zip(here, there, strict=True):
+        assert proofs_pass(verify_proofs(b.hidden, build_proofs(a.hidden)))
     pre = child.prefill(PROMPTS[0], there[0].tokens)
-    assert np.array_equal(pre.hidden, engine.prefill(PROMPTS[0], here[0].tokens).hidden)
+    mine = engine.prefill(PROMPTS[0], here[0].tokens)
+    assert proofs_pass(verify_proofs(pre.hidden, build_proofs(mine.hidden)))
 
 
 @pytest.mark.slow
