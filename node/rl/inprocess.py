@@ -35,10 +35,15 @@ def train_inprocess(
     run_id: str = "inprocess",
     time_limit_s: float | None = None,
     on_version: Callable[[VersionResult], None] | None = None,
+    engine: TorchEngine | None = None,
 ) -> list[VersionResult]:
-    """Train for ``steps`` versions; one result per version with the mean reward of its samples."""
+    """Train for ``steps`` versions; one result per version with the mean reward of its samples.
+
+    ``engine`` (float32, e.g. ``TorchEngine.from_dir(model_dir)``) is trained in place when
+    given, so the caller can evaluate the final policy; otherwise one is loaded from
+    ``model_dir``."""
     suite = suite or default_suite()
-    engine = TorchEngine.from_dir(model_dir, dtype="float32")
+    engine = engine or TorchEngine.from_dir(model_dir, dtype="float32")
     trainer = GRPOTrainer(
         engine.model,
         GRPOConfig.from_params(params),

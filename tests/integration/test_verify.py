@@ -116,13 +116,24 @@ def test_edited_tokens_with_recomputed_proofs_fail(
 def test_wrong_or_reused_seed_fails(fp32: TorchEngine, honest: list[Generation], kind: str) -> None:
     # The worker samples with other seeds than the assigned ones and claims the assigned ones.
     # Where the seed does not change the output (a confident policy) there is nothing to
-    # detect and nothing gained; every sample whose tokens differ must be rejected.
+    # detect and nothing gained. A sample whose tokens differ is rejected unless every token it
+    # changed is a near-tie under the claimed seed (within the sampling check's float-noise
+    # tolerance; docs/BENCHMARKS.md measures 0.977 detection for that reason): such escapes must
+    # be rare and must have gone through the tolerance.
     used = [s + 1 for s in SEEDS] if kind == "wrong" else [SEEDS[0]] * N
     cheat = fp32.generate(PROMPTS, used, T, MAX, sample_indices=[0] * N)
-    results = verify(fp32, claims_of(cheat))
+    verdicts = verify_samples(
+        fp32,
+        claims_of(cheat),
+        temperature=T,
+        max_tokens=MAX,
+        submission_mant_err_mean=DEFAULT_MODEL_SUBMISSION_MANT_ERR,
+    )
     changed = [a.tokens != b.tokens for a, b in zip(cheat, honest, strict=True)]
     assert sum(changed) >= 3
-    assert not any(ok for ok, ch in zip(results, changed, strict=True) if ch)
+    escaped = [v for v, ch in zip(verdicts, changed, strict=True) if ch and v.ok]
+    assert all(v.sampling is not None and v.sampling.tolerated > 0 for v in escaped), escaped
+    assert len(escaped) <= max(1, sum(changed) // 8), (len(escaped), sum(changed))
 
 
 def test_cut_short_reported_as_finished_fails(fp32: TorchEngine, honest: list[Generation]) -> None:
