@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
-DEADLINE_S = 90.0
+DEADLINE_S = 120.0
 
 
 def swarm_node(*args: str) -> list[str]:
