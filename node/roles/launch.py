@@ -71,6 +71,7 @@ class RoleHandle:
                 "queued": t.stats.queued,
                 "idle_fraction": None if math.isnan(t.idle_fraction()) else t.idle_fraction(),
                 "rollbacks": t.stats.rollbacks,
+                "published_at": t.stats.published_at,
             }
         return out
 

@@ -46,6 +46,9 @@ class TrainerStats:
     busy_seconds: float = 0.0
     queued: int = 0
     rollbacks: int = 0
+    started: float = field(default_factory=time.monotonic)
+    published_at: dict[int, float] = field(default_factory=dict)
+    """Seconds after the trainer started at which each version was announced."""
 
     def add_rewards(self, version: int, rewards: list[float]) -> None:
         self.reward_sum[version] = self.reward_sum.get(version, 0.0) + sum(rewards)
@@ -143,6 +146,7 @@ class Trainer:
         for old in self.run_dir.glob("policies/v*.safetensors"):
             if int(old.stem[1:]) < version - self.params.async_level - 1:
                 old.unlink(missing_ok=True)
+        self.stats.published_at[version] = round(time.monotonic() - self.stats.started, 3)
         log.info("published policy v%d", version)
         if self.on_version is not None:
             self.on_version(version)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,8 @@ class WorkerStats:
     accepted: int = 0
     rejected: int = 0
     dropped_stale: int = 0
+    generate_seconds: float = 0.0
+    samples: int = 0
     last_reasons: list[str] = field(default_factory=list)
 
 
@@ -164,7 +167,10 @@ class InferenceWorker:
                 rollout, run_id=self.node.run_id, version=version, counter=counter
             )
 
+        started = time.perf_counter()
         submission = await trio.to_thread.run_sync(make)
+        self.stats.generate_seconds += time.perf_counter() - started
+        self.stats.samples += len(submission.samples)
         if self._newest_version() - version > self.params.async_level:
             self.stats.dropped_stale += 1
             log.info("dropped work of v%d: outside the async window", version)
