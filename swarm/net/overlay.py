@@ -15,6 +15,7 @@ py-libp2p choices made here, each for a reason:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -45,6 +46,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DIAL = DialPolicy()
 _QUERY_TIMEOUT_S = 5.0
+EQUIVOCATION_KEEP = 4096
+"""Forwarded messages GossipSub remembers for its equivocation check (see trim_gossip_state)."""
 _ASK_CLOSEST = 4
 
 Gate = Callable[[bytes], bool]
@@ -145,7 +148,33 @@ class Overlay:
             await stack.enter_async_context(background_trio_service(overlay.gossipsub))
             await stack.enter_async_context(background_trio_service(overlay.dht))
             await overlay.pubsub.wait_until_ready()
+            housekeeping = await stack.enter_async_context(trio.open_nursery())
+            housekeeping.start_soon(overlay._trim_gossip_state_forever)
+            stack.callback(housekeeping.cancel_scope.cancel)
             yield overlay
+
+    # -- housekeeping -------------------------------------------------------------------------
+
+    def trim_gossip_state(self, keep: int = EQUIVOCATION_KEEP) -> int:
+        """Forget all but the newest ``keep`` messages GossipSub keeps for equivocation checks;
+        returns how many were forgotten.
+
+        py-libp2p 0.8.1 stores every message it forwards (data included) in
+        ``equivocation_detection`` and never removes one: a slow leak on a long-running node.
+        Duplicates stay caught by its seen cache and by our gates' envelope ids.
+        """
+        table = getattr(self.gossipsub, "equivocation_detection", None)
+        if not isinstance(table, dict) or len(table) <= keep:
+            return 0
+        drop = len(table) - keep
+        for msg_key in list(itertools.islice(table, drop)):  # oldest first (insertion order)
+            del table[msg_key]
+        return drop
+
+    async def _trim_gossip_state_forever(self, every: float = 30.0) -> None:
+        while True:
+            await trio.sleep(every)
+            self.trim_gossip_state()
 
     # -- identity and peers -------------------------------------------------------------------
 

@@ -266,3 +266,16 @@ async def test_a_gossip_and_stream_flood_from_one_peer_leaves_the_node_responsiv
         answer = await honest.request(target.peer_id, "echo", b"still here")
         assert answer == b"still here"
         assert (await _status_latency(sock)) < 1.0
+
+
+async def test_gossipsub_equivocation_memory_is_trimmed_to_the_newest_messages() -> None:
+    async with Overlay.start(key_named("long-running")) as overlay:
+        table = overlay.gossipsub.equivocation_detection
+        table.clear()
+        for i in range(5000):
+            table[b"peer" + i.to_bytes(8, "big")] = object()
+        assert overlay.trim_gossip_state(keep=4096) == 904
+        assert len(table) == 4096
+        assert b"peer" + (4999).to_bytes(8, "big") in table  # the newest are kept
+        assert b"peer" + (0).to_bytes(8, "big") not in table
+        assert overlay.trim_gossip_state(keep=4096) == 0
