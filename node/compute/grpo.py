@@ -115,11 +115,18 @@ class GRPOTrainer:
         self.version = version
         self.keep_versions = max(1, keep_versions)
         self.pad_id = pad_id
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=config.learning_rate, betas=(0.9, 0.99), weight_decay=0.0
-        )
+        self.optimizer = self._new_optimizer()
         self._snapshots: dict[int, dict[str, torch.Tensor]] = {version: self._cpu_state()}
         self._old_model: Any = None
+
+    def _new_optimizer(self) -> torch.optim.AdamW:
+        # weight_decay=0 explicitly: AdamW's default (0.01) is not part of the recipe.
+        return torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.config.learning_rate,
+            betas=(0.9, 0.99),
+            weight_decay=0.0,
+        )
 
     def _cpu_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
@@ -240,9 +247,7 @@ class GRPOTrainer:
             held = sorted(self._snapshots)
             raise ConfigError(f"version {version} is no longer held; holds {held}")
         self.model.load_state_dict(self._snapshots[version])
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.config.learning_rate, betas=(0.9, 0.99)
-        )
+        self.optimizer = self._new_optimizer()
         self.version += 1
         self._snapshots[self.version] = self._cpu_state()
 

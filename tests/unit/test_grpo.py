@@ -148,3 +148,5 @@ def test_rollback_continues_from_old_weights_as_a_new_version() -> None:
     trainer.rollback(0)
     assert trainer.version == 2
     assert all(torch.equal(start[k], v) for k, v in trainer.model.state_dict().items())
+    # The restarted optimizer keeps the recipe (no weight decay; AdamW's default is 0.01).
+    assert [g["weight_decay"] for g in trainer.optimizer.param_groups] == [0.0]
