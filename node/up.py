@@ -43,6 +43,7 @@ DEMO_PARAMS = RunParams(
     max_grad_norm=1.0,
     async_level=2,
     submissions_per_step=1,
+    toploc_max_submission_mant_mean=1.2,
 )
 """The demo run's parameters (see docs/BENCHMARKS.md, in-process GRPO, for how they were set)."""
 

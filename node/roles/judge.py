@@ -28,7 +28,7 @@ from swarm.assignment import assign
 from swarm.errors import ConfigError
 from swarm.ledger import Balances
 from swarm.messages import REWARD_SCALE, RolloutSubmission, RunParams, Signed, Verdict
-from swarm.toploc import ProofThresholds
+from swarm.toploc import ProofCheck, ProofThresholds
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,28 @@ def precheck(
     return None
 
 
+SUBMISSION_HARD_FACTOR = 1.25
+"""A submission's mean mantissa error past this multiple of the run's limit is a hard failure
+(other weights); between the limit and this it is soft (honest hardware near the edge)."""
+
+
+def _submission_proof_check(
+    checks: list[ProofCheck], limit: float, metrics: dict[str, int | str]
+) -> Judgement | None:
+    if limit <= 0 or not checks:
+        return None
+    mean = sum(c.mant_err_mean for c in checks) / len(checks)
+    metrics["submission_mant_err_mean"] = f"{mean:.4g}"
+    if mean <= limit:
+        return None
+    severity = "hard" if mean > limit * SUBMISSION_HARD_FACTOR else "soft"
+    why = (
+        f"submission: mean mantissa error {mean:.3g} over {len(checks)} proof chunks exceeds"
+        f" {limit:g} (the work was not made with this policy's weights)"
+    )
+    return Judgement(False, severity, [why], metrics=metrics)
+
+
 def judge(
     submission: Signed[RolloutSubmission],
     ctx: JudgeContext,
@@ -159,6 +181,9 @@ def judge(
         "max_mant_err_mean": f"{max((c.mant_err_mean for c in checks), default=0.0):.4g}",
         "near_ties": sum(r.sampling.near_ties for r in results if r.sampling is not None),
     }
+    aggregate = _submission_proof_check(checks, p.toploc_max_submission_mant_mean, metrics)
+    if aggregate is not None and not failed:
+        return aggregate
     if failed:
         hard = any(r.hard for _, r in failed)
         reasons = [f"sample {j}: {why}" for j, r in failed[:8] for why in r.reasons[:2]]

@@ -45,6 +45,9 @@ class RunParams:
     toploc_max_exp_mismatches: int = 38
     toploc_max_mant_mean: float = 10.0
     toploc_max_mant_median: float = 8.0
+    toploc_max_submission_mant_mean: float = 0.0
+    """Mean mantissa error over all of a submission's proof chunks (0 = off). Small models need
+    it: 1% weight noise stays inside the per-chunk thresholds but not inside this aggregate."""
     initial_balance: int = 100
     ban_threshold: int = 0
     slash_amount: int = 1000

@@ -21,7 +21,13 @@ from swarm.identity import NodeKey
 from swarm.ledger import fold
 from swarm.messages import RolloutSubmission, RunParams, Signed, sign
 
-PARAMS = RunParams(group_size=4, batch_prompts=2, max_tokens=8, temperature=1.0)
+PARAMS = RunParams(
+    group_size=4,
+    batch_prompts=2,
+    max_tokens=8,
+    temperature=1.0,
+    toploc_max_submission_mant_mean=1.2,
+)
 RUN = "ab" * 16
 WORKER = NodeKey.from_seed(b"\x05" * 32)
 SUITE = default_suite()
@@ -102,7 +108,7 @@ def test_other_weights_are_rejected_hard(honest: RolloutSubmission) -> None:
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in other.model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * p.abs().mean() * 0.5)
+            p.add_(torch.randn(p.shape, generator=gen) * p.abs() * 1e-2)  # relative noise 1e-2
     a = assign(RUN, 3, WORKER.peer_id, 0, n_prompts=2, suite_size=SUITE.size)
     forged = build_submission(
         generate_groups(other, SUITE, a, PARAMS), run_id=RUN, version=3, counter=0
