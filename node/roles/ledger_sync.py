@@ -15,7 +15,7 @@ import msgpack
 import trio
 
 from node.runtime import Node
-from swarm.errors import MalformedError, SwarmError
+from swarm.errors import MalformedError, PeerError, SwarmError
 from swarm.ledger import LedgerStore
 from swarm.messages import LedgerEvent, Signed, decode
 from swarm.net import StreamLimits
@@ -25,6 +25,15 @@ log = logging.getLogger(__name__)
 SYNC = "ledger-sync"
 MAX_BATCH = 512
 SYNC_LIMITS = StreamLimits(max_request=32 * MAX_BATCH + 1024, max_response=8 * 1024 * 1024)
+
+
+def _unpack_answer(peer: str, answer: bytes) -> Any:
+    """A peer's ledger-sync answer; ``PeerError`` when it is not msgpack (the sync loop then
+    moves on to another peer instead of dying)."""
+    try:
+        return msgpack.unpackb(answer, raw=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise PeerError(f"{peer} sent a malformed ledger-sync answer: {exc}") from exc
 
 
 class LedgerReplica:
@@ -44,27 +53,29 @@ class LedgerReplica:
     async def _on_sync(self, peer: str, body: bytes) -> bytes:
         try:
             request = msgpack.unpackb(body, raw=False)
-            op = request[0]
-        except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise MalformedError(f"bad ledger-sync request: {exc}") from exc
+        if not isinstance(request, list) or not request:
+            raise MalformedError("a ledger-sync request is a non-empty msgpack array")
+        op = request[0]
         if op == "ids":
             return msgpack.packb(sorted(self.store.ids()), use_bin_type=True)  # type: ignore[no-any-return]
-        if op == "get" and isinstance(request[1], list):
+        if op == "get" and len(request) > 1 and isinstance(request[1], list):
             wanted = [bytes(i) for i in request[1][:MAX_BATCH] if isinstance(i, bytes)]
             return msgpack.packb(list(self.store.raw_events(wanted)), use_bin_type=True)  # type: ignore[no-any-return]
         raise MalformedError(f"unknown ledger-sync operation {op!r}")
 
     async def sync_with(self, peer: str) -> int:
         """Pull every event ``peer`` holds that we do not; returns how many were new."""
-        ids = msgpack.unpackb(
-            await self.node.request(peer, SYNC, msgpack.packb(["ids"]), SYNC_LIMITS)
+        ids = _unpack_answer(
+            peer, await self.node.request(peer, SYNC, msgpack.packb(["ids"]), SYNC_LIMITS)
         )
         missing = [i for i in ids if isinstance(i, bytes)] if isinstance(ids, list) else []
         missing = sorted(set(missing) - self.store.ids())
         added = 0
         for start in range(0, len(missing), MAX_BATCH):
             body = msgpack.packb(["get", missing[start : start + MAX_BATCH]], use_bin_type=True)
-            raws = msgpack.unpackb(await self.node.request(peer, SYNC, body, SYNC_LIMITS))
+            raws = _unpack_answer(peer, await self.node.request(peer, SYNC, body, SYNC_LIMITS))
             events = []
             for raw in raws if isinstance(raws, list) else []:
                 try:

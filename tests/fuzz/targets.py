@@ -84,11 +84,15 @@ def signed_seeds() -> dict[str, bytes]:
 
 
 @st.composite
-def resigned(draw: st.DrawFn, kind: str) -> bytes:
+def resigned(
+    draw: st.DrawFn, kind: str, keys: tuple[NodeKey, ...] = (KEY, OTHER), run_id: str = ""
+) -> bytes:
     """A correctly signed envelope of ``kind`` whose payload fields were changed at random: the
     signature passes, so the field checks of ``from_wire`` are what is fuzzed."""
     messages = {m.KIND: m for m in message_seeds().values()}
     fields = dict(messages[kind].to_wire())
+    if run_id:
+        fields["run_id"] = run_id
     for _ in range(draw(st.integers(1, 4))):
         name = draw(st.sampled_from([*fields, "extra"]))
         if draw(st.booleans()):
@@ -99,7 +103,7 @@ def resigned(draw: st.DrawFn, kind: str) -> bytes:
         payload = wire.canonical(fields)
     except SwarmError:
         payload = pack(fields)
-    signer = draw(st.sampled_from([KEY, OTHER]))
+    signer = draw(st.sampled_from(keys))
     return wire.seal(kind, payload, signer.public, signer.signature(kind, payload))
 
 

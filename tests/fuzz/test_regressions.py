@@ -1,0 +1,38 @@
+"""Bugs the fuzzers found, each pinned by the input that found it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from node.roles.ledger_sync import LedgerReplica, _unpack_answer
+from swarm.errors import MalformedError, PeerError
+from swarm.ledger import LedgerStore
+from tests.fuzz.targets import GENESIS
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"\x80", msgpack.packb({0: "get"}), msgpack.packb(["get"]), msgpack.packb([]), b"\x01"],
+    ids=["empty-map", "map-with-op", "get-without-ids", "empty-array", "integer"],
+)
+async def test_ledger_sync_refuses_requests_that_are_not_arrays_typed(
+    tmp_path: Path, body: bytes
+) -> None:
+    store = LedgerStore(tmp_path / "ledger.db", GENESIS)
+    replica = LedgerReplica(node=Any, store=store)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(MalformedError):
+            await replica._on_sync("peer", body)
+    finally:
+        store.close()
+
+
+def test_a_malformed_ledger_sync_answer_is_a_peer_error_not_a_crash() -> None:
+    with pytest.raises(PeerError, match="malformed ledger-sync answer"):
+        _unpack_answer("mallory", b"\xc1")
+    with pytest.raises(PeerError):
+        _unpack_answer("mallory", b"\x92\x01")  # truncated array
