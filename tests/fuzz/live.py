@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from swarm.messages import (
 )
 from swarm.net import StreamLimits
 from swarm.shardcast.protocol import Holdings, ManifestRequest, ShardRequest
-from tests.fuzz.inputs import fuzz_bytes, pack
+from tests.fuzz.inputs import pack
 from tests.fuzz.targets import PROOF, Target, resigned
 from tests.netfactory import NetFactory, key_named, wait_until
 
@@ -75,10 +75,8 @@ class LiveSwarm:
 
     def close(self) -> None:
         if self._token is not None and self._stop is not None:
-            try:
+            with suppress(trio.RunFinishedError):
                 trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-            except trio.RunFinishedError:
-                pass
         self._thread.join(60)
 
     def call(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
