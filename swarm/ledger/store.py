@@ -10,6 +10,7 @@ whole or not at all.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sqlite3
 from collections.abc import Iterable, Iterator
@@ -122,7 +123,8 @@ class LedgerStore:
                 self._materialise()
             self._db.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
-            self._db.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):  # e.g. the store was closed at shutdown
+                self._db.execute("ROLLBACK")
             raise StorageError(f"ledger {self.path}: write failed: {exc}") from exc
         return added
 

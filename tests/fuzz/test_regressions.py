@@ -9,9 +9,10 @@ import msgpack
 import pytest
 
 from node.roles.ledger_sync import LedgerReplica, _unpack_answer
-from swarm.errors import MalformedError, PeerError
+from swarm.errors import MalformedError, PeerError, StorageError
 from swarm.ledger import LedgerStore
-from tests.fuzz.targets import GENESIS
+from swarm.messages import LedgerEvent, run_id_of, sign
+from tests.fuzz.targets import GENESIS, KEY, OTHER
 
 
 @pytest.mark.parametrize(
@@ -36,3 +37,16 @@ def test_a_malformed_ledger_sync_answer_is_a_peer_error_not_a_crash() -> None:
         _unpack_answer("mallory", b"\xc1")
     with pytest.raises(PeerError):
         _unpack_answer("mallory", b"\x92\x01")  # truncated array
+
+
+def test_a_ledger_event_arriving_after_the_store_closed_is_a_storage_error(
+    tmp_path: Path,
+) -> None:
+    """Found by bench/fuzz.py at shutdown: gossip delivered an event after the role closed the
+    ledger; the rollback then raised sqlite3.ProgrammingError out of the node's gossip task."""
+    owner = KEY
+    store = LedgerStore(tmp_path / "ledger.db", GENESIS)
+    store.close()
+    grant = sign(LedgerEvent(run_id_of(GENESIS), "grant", OTHER.peer_id, 5, b"", 1), owner)
+    with pytest.raises(StorageError, match="write failed"):
+        store.add([grant])
