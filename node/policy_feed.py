@@ -97,8 +97,16 @@ class PolicyFeed:
         return self.service
 
     async def publish(self, version: int, weights: Path) -> Signed[ShardManifest]:
-        """Trainer: cut, sign, store, serve and advertise ``weights`` as ``version``; announce."""
+        """Trainer: cut, sign, store, serve and advertise ``weights`` as ``version``; announce.
+        A version already stored (a restarted trainer) is announced again as it is."""
         node = self.node
+        if self.store.is_complete(version):
+            # Published before a restart: serve and announce what is stored; a new cut would
+            # be a second manifest for the same version.
+            manifest = self.store.manifest(version)
+            await self._service().advertise(version)
+            await node.announce_policy(version, manifest.id)
+            return manifest
         manifest = await trio.to_thread.run_sync(
             lambda: publish(
                 weights,

@@ -63,6 +63,7 @@ class Proc:
     home: Path
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
+    args: list[str] = field(default_factory=list)
     peer_id: str = ""
     status: dict[str, Any] = field(default_factory=dict)
 
@@ -128,6 +129,7 @@ class LocalSwarm:
         return next(p for p in self.procs if p.name == name)
 
     def _spawn(self, proc: Proc, args: list[str]) -> None:
+        proc.args = args
         env = os.environ | {"SWARM_NODE_HOME": str(proc.home), "PYTHONUNBUFFERED": "1"}
         env.pop("SWARM_NODE_PASSPHRASE", None)
         with proc.log_path.open("ab") as log_file:
@@ -164,6 +166,18 @@ class LocalSwarm:
                     break
                 await trio.sleep(0.1)
         raise NetworkError(f"the bootstrap peer did not start; see {boot.log_path}")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one process (fault tests)."""
+        proc = self.proc(name)
+        if proc.popen is not None and proc.alive:
+            proc.popen.kill()
+            proc.popen.wait()
+
+    def respawn(self, name: str) -> None:
+        """Start a process again with the same home and arguments (after ``kill``)."""
+        proc = self.proc(name)
+        self._spawn(proc, proc.args)
 
     # -- while it runs -------------------------------------------------------------------------
 

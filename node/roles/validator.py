@@ -25,7 +25,7 @@ from node.roles.verdicts import record_judgement
 from node.roles.worker import SUBMIT, SUBMIT_LIMITS
 from node.run import suite_for
 from node.runtime import Node
-from swarm.errors import NetworkError, SwarmError, ValidationError
+from swarm.errors import SwarmError, ValidationError
 from swarm.ledger import LedgerStore
 from swarm.messages import LedgerEvent, RolloutSubmission, Signed, Verdict, decode
 from swarm.net import StreamLimits
@@ -62,10 +62,16 @@ class Validator:
         self.stats = ValidatorStats()
         self._loaded: int | None = None
         self._lock = trio.Lock()
+        self._handoff = trio.Event()
 
     async def run(self) -> None:
         """Serve submissions, and fetch every announced version ahead of the work it brings."""
         self.node.handle(SUBMIT, self._on_submit, SUBMIT_LIMITS)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._deliver)
+            await self._follow_policy()
+
+    async def _follow_policy(self) -> None:
         wanted = 0
         while True:
             announcement = await self.node.policy.wait_for(wanted)
@@ -117,7 +123,8 @@ class Validator:
         self._count(judgement)
         await self._publish(recorded.verdict, recorded.events)
         if judgement.accepted:
-            await self._hand_to_trainers(submission, recorded.verdict)
+            self.ledger.queue_handoff(submission.id, self.node.config.genesis.message.trainers)
+            self._handoff.set()
         return recorded.verdict
 
     async def _judge(
@@ -159,12 +166,25 @@ class Validator:
             except SwarmError as exc:  # gossip is best effort; ledger sync repairs it
                 log.warning("could not gossip %s: %s", signed.envelope.kind, exc)
 
-    async def _hand_to_trainers(
-        self, submission: Signed[RolloutSubmission], verdict: Signed[Verdict]
-    ) -> None:
-        body = msgpack.packb([submission.raw, verdict.raw], use_bin_type=True)
-        for trainer in self.node.config.genesis.message.trainers:
-            try:
-                await self.node.request(trainer, SAMPLES, body, SAMPLES_LIMITS)
-            except NetworkError as exc:
-                log.warning("trainer %s did not take accepted samples: %s", trainer[-8:], exc)
+    async def _deliver(self) -> None:
+        """Hand accepted work to the trainers from the durable outbox, retrying until each
+        trainer has taken it: a trainer that was down when the verdict was made gets it later."""
+        while True:
+            pending = self.ledger.pending_handoffs()
+            failed = False
+            for submission_id, trainer in pending:
+                raws = self.ledger.evidence(submission_id, "submission")
+                verdicts = self.ledger.evidence(submission_id, "verdict")
+                body = msgpack.packb([raws[0], verdicts[0]], use_bin_type=True)
+                try:
+                    await self.node.request(trainer, SAMPLES, body, SAMPLES_LIMITS)
+                except SwarmError as exc:
+                    log.warning("trainer %s did not take accepted work: %s", trainer[-8:], exc)
+                    failed = True
+                    continue
+                self.ledger.mark_handed(submission_id, trainer)
+            if failed:
+                await trio.sleep(2.0)  # a trainer is away: retry later, the outbox keeps it
+            elif len(pending) < 64:
+                await self._handoff.wait()
+                self._handoff = trio.Event()

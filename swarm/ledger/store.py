@@ -42,6 +42,12 @@ CREATE TABLE IF NOT EXISTS evidence (
 );
 CREATE INDEX IF NOT EXISTS evidence_subject ON evidence (subject);
 CREATE TABLE IF NOT EXISTS balances (peer TEXT PRIMARY KEY, balance INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS handoffs (
+    submission BLOB NOT NULL,
+    trainer TEXT NOT NULL,
+    delivered INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (submission, trainer)
+);
 CREATE TABLE IF NOT EXISTS requests (
     worker TEXT NOT NULL,
     version INTEGER NOT NULL,
@@ -179,6 +185,31 @@ class LedgerStore:
             raise StorageError(f"ledger {self.path}: write failed: {exc}") from exc
         first = bytes(row[0])
         return None if first == submission else first
+
+    def queue_handoff(self, submission: bytes, trainers: Iterable[str]) -> None:
+        """Remember that accepted ``submission`` must reach each trainer (a durable outbox)."""
+        self._write(
+            "INSERT OR IGNORE INTO handoffs (submission, trainer) VALUES (?, ?)",
+            [(submission, t) for t in trainers],
+        )
+
+    def pending_handoffs(self, limit: int = 64) -> list[tuple[bytes, str]]:
+        rows = self._db.execute(
+            "SELECT submission, trainer FROM handoffs WHERE delivered = 0 LIMIT ?", (limit,)
+        )
+        return [(bytes(s), str(t)) for s, t in rows]
+
+    def mark_handed(self, submission: bytes, trainer: str) -> None:
+        self._write(
+            "UPDATE handoffs SET delivered = 1 WHERE submission = ? AND trainer = ?",
+            [(submission, trainer)],
+        )
+
+    def _write(self, sql: str, rows: list[tuple[object, ...]]) -> None:
+        try:
+            self._db.executemany(sql, rows)
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(f"ledger {self.path}: write failed: {exc}") from exc
 
     def evidence_of_kind(self, kind: str) -> Iterator[bytes]:
         """Every stored evidence envelope of one kind ("submission" or "verdict")."""
