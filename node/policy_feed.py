@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,7 @@ class PolicyFeed:
             await self._service().advertise(version)
             await node.announce_policy(version, manifest.id)
             return manifest
+        self._discard_own_partial(version)
         manifest = await trio.to_thread.run_sync(
             lambda: publish(
                 weights,
@@ -119,6 +121,20 @@ class PolicyFeed:
         await self._service().advertise(version)
         await node.announce_policy(version, manifest.id)
         return manifest
+
+    def _discard_own_partial(self, version: int) -> None:
+        """A publish cut short by kill -9 leaves this trainer's own manifest with unfinished
+        data; a new cut signs a new manifest, which the store would refuse. Nobody can hold a
+        complete copy of the partial one (it was never announced), so it is removed."""
+        if version not in self.store.versions():
+            return
+        try:
+            mine = self.store.manifest(version).signer == self.node.peer_id
+        except SwarmError:
+            mine = True  # unreadable leftovers of a crashed cut
+        if mine:
+            log.warning("removing policy v%d left unfinished by a crashed publish", version)
+            shutil.rmtree(self.store.directory(version), ignore_errors=True)
 
     async def fetch(self, announcement: Signed[PolicyAnnouncement]) -> Path:
         """The local file of the announced version, fetched (or resumed) when missing."""
