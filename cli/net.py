@@ -18,6 +18,7 @@ from bootstrap.peers import EMPTY_LIST_HELP, default_peers
 from bootstrap.service import BootstrapConfig, BootstrapPeer
 from cli.common import HomeOption, console, err_console, open_home
 from node import admin
+from node.model import DEFAULT_MODEL_DIR, model_info
 from node.roles.cheats import cheat_by_name
 from node.roles.launch import launch
 from node.run import load_genesis
@@ -156,6 +157,13 @@ def join(
         int | None,
         typer.Option("--max-versions", help="Trainer: stop training after this many versions."),
     ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            help="A local Hugging Face model directory (default: the embedded model).",
+        ),
+    ] = None,
     cheat: Annotated[
         str | None,
         typer.Option(
@@ -190,11 +198,19 @@ def join(
     config.check()  # unauthorized role, bad addresses: exit 2 before any network use
     _logging(verbose)
     tamper = cheat_by_name(cheat) if cheat is not None else None
+    model_dir = model if model is not None else DEFAULT_MODEL_DIR
+    model_info(model_dir)  # a bad --model is a clear error before any network use
 
     async def main() -> None:
         async with (
             Node.start(config) as node,
-            launch(node, node_home.run_dir(node.run_id), tamper=tamper, max_versions=max_versions),
+            launch(
+                node,
+                node_home.run_dir(node.run_id),
+                tamper=tamper,
+                max_versions=max_versions,
+                model_dir=model_dir,
+            ),
         ):
             err_console.print(
                 f"joined run {node.run_id} as {node.role} ({node.peer_id}); listening on"

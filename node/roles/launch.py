@@ -32,11 +32,15 @@ from swarm.ledger import LedgerStore
 EngineFactory = Callable[[], Engine]
 
 
-def child_engine() -> Engine:
-    """The production engine: the embedded default model in a child process."""
-    from node.compute.child import ChildEngine
+def child_engine(model_dir: Path = DEFAULT_MODEL_DIR) -> EngineFactory:
+    """The production engine: the model in a child process, so the event loop stays free."""
 
-    return ChildEngine(DEFAULT_MODEL_DIR, threads=1)
+    def make() -> Engine:
+        from node.compute.child import ChildEngine
+
+        return ChildEngine(model_dir, threads=1)
+
+    return make
 
 
 @dataclass
@@ -81,13 +85,15 @@ async def launch(
     node: Node,
     run_dir: Path,
     *,
-    engine_factory: EngineFactory = child_engine,
+    engine_factory: EngineFactory | None = None,
+    model_dir: Path = DEFAULT_MODEL_DIR,
     tamper: Tamper | None = None,
     max_versions: int | None = None,
     data_channel: bool = True,
     ledger_sync_every_s: float = 10.0,
 ) -> AsyncIterator[RoleHandle]:
     run_dir.mkdir(parents=True, exist_ok=True)
+    engine_factory = engine_factory or child_engine(model_dir)
     feed = PolicyFeed(node, run_dir / "shards", data_channel=data_channel)
     ledger = LedgerStore(run_dir / "ledger.db", node.config.genesis)
     replica = LedgerReplica(node, ledger, every_s=ledger_sync_every_s)
@@ -99,7 +105,9 @@ async def launch(
             await nursery.start(feed.run)
             nursery.start_soon(replica.run)
             if node.role == "trainer":
-                handle.trainer = Trainer(node, feed, run_dir, max_versions=max_versions)
+                handle.trainer = Trainer(
+                    node, feed, run_dir, model_dir=model_dir, max_versions=max_versions
+                )
                 nursery.start_soon(handle.trainer.run)
             elif node.role == "validator":
                 engine = await trio.to_thread.run_sync(engine_factory)
