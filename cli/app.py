@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from cli import identity, ledger, net, run, shardcast, up
+from cli import doctor, identity, ledger, net, run, shardcast, up
 from cli.common import err_console
 from swarm.errors import SwarmError
 
@@ -26,6 +26,7 @@ net.register(app)
 ledger.register(app)
 shardcast.register(app)
 up.register(app)
+doctor.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:
