@@ -320,9 +320,31 @@ def status(
     for topic, reasons in gossip.get("rejected", {}).items():
         for reason, n in reasons.items():
             table.add_row(f"rejected ({topic}, {reason})", str(n))
+    _role_rows(table, info.get("role_status", {}))
     for warning in info.get("warnings", []):
         table.add_row("WARNING", warning)
     console.print(table)
+
+
+def _role_rows(table: Table, role_status: dict[str, Any]) -> None:
+    """The role's own figures: ledger standing, work done, downloads."""
+    ledger = role_status.get("ledger", {})
+    if ledger:
+        table.add_row("ledger balance", str(ledger.get("balance")))
+        table.add_row("ledger events", str(ledger.get("events")))
+        if ledger.get("banned"):
+            table.add_row("banned peers", " ".join(p[-8:] for p in ledger["banned"]))
+    for section in ("worker", "validator", "trainer"):
+        for key, value in role_status.get(section, {}).items():
+            if isinstance(value, dict):
+                value = ", ".join(
+                    f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}"
+                    for k, v in list(value.items())[-8:]
+                )
+            table.add_row(f"{section} {key}", str(value))
+    fetch = (role_status.get("shardcast") or {}).get("fetch")
+    if fetch:
+        table.add_row("download", json.dumps(fetch)[:120])
 
 
 def register(app: typer.Typer) -> None:
