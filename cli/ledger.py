@@ -105,6 +105,9 @@ def audit(
     db: DbOption = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Bundle to write.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    slashes_only: Annotated[
+        bool, typer.Option("--slashes-only", help="Replay slashes, not every credit too.")
+    ] = False,
 ) -> None:
     """Re-verify every signature and balance of a ledger and replay the evidence of every slash
     (exit 1 on any disagreement); or export/replay one self-contained proof bundle."""
@@ -124,18 +127,26 @@ def audit(
         raise ConfigError("audit takes one LEDGER_DB or BUNDLE")
     path = Path(target[0])
     source = policy_dir_source(policy_dir)
-    rows = audit_ledger(path, source) if is_ledger_file(path) else audit_bundle(path, source)
-    bad = [r for r in rows if not r.ok]
+    if is_ledger_file(path):
+        rows = audit_ledger(path, source, credits=not slashes_only)
+    else:
+        rows = audit_bundle(path, source)
+    bad = [r for r in rows if r.ok is False]
+    unchecked = [r for r in rows if r.ok is None]
     if as_json:
-        typer.echo(json.dumps({"ok": not bad, "rows": [r.__dict__ for r in rows]}, indent=2))
+        typer.echo(
+            json.dumps(
+                {"ok": not bad, "unchecked": len(unchecked), "rows": [r.__dict__ for r in rows]},
+                indent=2,
+            )
+        )
     else:
         table = Table(title=f"audit of {path}")
         for col in ("subject", "check", "result", "detail"):
             table.add_column(col)
         for r in rows:
-            table.add_row(
-                r.subject, r.check, "[green]agree[/]" if r.ok else "[red]DISAGREE[/]", r.detail
-            )
+            result = {True: "[green]agree[/]", False: "[red]DISAGREE[/]", None: "unchecked"}[r.ok]
+            table.add_row(r.subject, r.check, result, r.detail)
         console.print(table)
         console.print(
             "[green]audit agrees[/]" if not bad else f"[red]{len(bad)} disagreement(s)[/]"

@@ -1,9 +1,11 @@
 """Audit: re-verify a ledger (or one proof bundle) from nothing but its bytes and the weights.
 
 For a ledger database: every event's signature and the run's rules, every balance (the stored
-balances against a fresh fold), and for every counted slash its evidence: the worker's signed
-submission and the validator's signed verdict, re-judged on the policy version it claims. The
-auditor agrees with a slash when its own judgement is also a hard rejection.
+balances against a fresh fold), and for every counted slash and credit its evidence: the
+worker's signed submission and the validator's signed verdict, re-judged on the policy version
+it claims. The auditor agrees with a slash when its own judgement is also a hard rejection, and
+with a credit when it also accepts, with the same rewards. Evidence lives in the validator's
+ledger (a replica of the events alone cannot be replayed: audit the validator's copy, or bundles).
 
 A proof bundle (``export_bundle``) holds the genesis, the submission, the verdict and any related
 submissions (the earlier one of a replay) as signed envelopes in a msgpack map, so it replays
@@ -44,7 +46,8 @@ PolicySource = Callable[[int], Path | None]
 class AuditRow:
     subject: str
     check: str
-    ok: bool
+    ok: bool | None
+    """True: agrees; False: disagrees; None: could not be checked (weights missing)."""
     detail: str
 
 
@@ -115,7 +118,11 @@ def replay_slash(
         run_id_of(genesis), g.params, suite_for(g), s.policy_version, fold([], g.params)
     )
     try:
-        mine = judge(submission, ctx, engines.get(s.policy_version), counter_seen=seen)
+        engine = engines.get(s.policy_version)
+    except ConfigError as exc:
+        return AuditRow(subject, "slash replay", None, f"cannot replay: {exc}")
+    try:
+        mine = judge(submission, ctx, engine, counter_seen=seen)
     except SwarmError as exc:
         return AuditRow(subject, "slash replay", False, f"cannot replay: {exc}")
     agree = not mine.accepted and mine.severity == "hard"
@@ -124,7 +131,9 @@ def replay_slash(
     return AuditRow(subject, "slash replay", agree, detail)
 
 
-def audit_ledger(path: Path, source: PolicySource) -> list[AuditRow]:
+def audit_ledger(path: Path, source: PolicySource, *, credits: bool = True) -> list[AuditRow]:
+    """Every check of the module docstring; with ``credits`` also re-judge every counted credit
+    (the validator's accepted work must replay to an accept with the same rewards)."""
     store = LedgerStore.open_existing(path)
     genesis = store.genesis
     rows: list[AuditRow] = []
@@ -153,8 +162,9 @@ def audit_ledger(path: Path, source: PolicySource) -> list[AuditRow]:
         )
     )
     engines = _Engines(source)
+    replayed = ("slash", "credit") if credits else ("slash",)
     for event in events:
-        if event.message.event != "slash" or event.id not in balances.counted:
+        if event.message.event not in replayed or event.id not in balances.counted:
             continue
         rows.append(_replay_from_store(store, genesis, event, engines))
     store.close()
@@ -180,7 +190,11 @@ def _replay_from_store(
     if submission is None or verdict is None:
         return AuditRow(subject.hex()[:16], "slash evidence", False, "evidence missing")
     if submission.signer != event.message.peer:
-        return AuditRow(subject.hex()[:16], "slash evidence", False, "slashed peer did not sign")
+        return AuditRow(subject.hex()[:16], "evidence", False, "the event's peer did not sign")
+    if event.message.event == "credit":
+        if not verdict.message.accepted:
+            return AuditRow(subject.hex()[:16], "credit evidence", False, "verdict did not accept")
+        return _replay_accept(genesis, submission, verdict, engines)
     return replay_slash(genesis, submission, verdict, related, engines)
 
 
@@ -230,7 +244,11 @@ def _replay_accept(
     ctx = JudgeContext(
         run_id_of(genesis), g.params, suite_for(g), s.policy_version, fold([], g.params)
     )
-    mine = judge(submission, ctx, engines.get(s.policy_version), counter_seen=False)
+    try:
+        engine = engines.get(s.policy_version)
+    except ConfigError as exc:
+        return AuditRow(submission.id.hex()[:16], "accept replay", None, f"cannot replay: {exc}")
+    mine = judge(submission, ctx, engine, counter_seen=False)
     same_rewards = [round(r * REWARD_SCALE) for r in mine.rewards] == list(verdict.message.rewards)
     ok = mine.accepted and same_rewards
     detail = (

@@ -253,7 +253,8 @@ class LocalSwarm:
             policies = self.proc("trainer").home / "runs" / self.run_id / "policies"
             try:
                 rows = audit_ledger(self.out / "ledger.db", policy_dir_source(policies))
-                summary["audit_ok"] = all(r.ok for r in rows)
+                summary["audit_ok"] = all(r.ok is not False for r in rows)
+                summary["audit_unchecked"] = sum(r.ok is None for r in rows)
                 summary["audit"] = [r.__dict__ for r in rows]
             except SwarmError as exc:
                 summary["audit_ok"] = False

@@ -36,6 +36,9 @@ from swarm.messages import REWARD_SCALE, RolloutSubmission, Verdict, decode
 
 log = logging.getLogger(__name__)
 
+POLICY_ARCHIVE_BYTES = 1 << 30
+"""Published weights kept in ``policies/`` so that audits can replay old verdicts."""
+
 
 @dataclass
 class TrainerStats:
@@ -143,13 +146,25 @@ class Trainer:
         weights = self.grpo.weights()
         await trio.to_thread.run_sync(lambda: save_file(weights, str(path)))
         await self.feed.publish(version, path)
-        for old in self.run_dir.glob("policies/v*.safetensors"):
-            if int(old.stem[1:]) < version - self.params.async_level - 1:
-                old.unlink(missing_ok=True)
+        self._prune_policies(version)
         self.stats.published_at[version] = round(time.monotonic() - self.stats.started, 3)
         log.info("published policy v%d", version)
         if self.on_version is not None:
             self.on_version(version)
+
+    def _prune_policies(self, newest: int) -> None:
+        """Keep every version's weights for auditors while they fit in ``POLICY_ARCHIVE_BYTES``;
+        past that drop the oldest, never one inside the async window."""
+        files = sorted(self.run_dir.glob("policies/v*.safetensors"), key=lambda f: int(f.stem[1:]))
+        total = sum(f.stat().st_size for f in files)
+        for old in files:
+            if (
+                total <= POLICY_ARCHIVE_BYTES
+                or int(old.stem[1:]) >= newest - self.params.async_level
+            ):
+                break
+            total -= old.stat().st_size
+            old.unlink(missing_ok=True)
 
     async def run(self) -> None:
         """Serve samples and train until ``max_versions`` versions exist (or cancelled)."""

@@ -75,6 +75,7 @@ def test_audit_agrees_with_an_honest_validator_and_bundles_replay(
     rows = audit_ledger(tmp_path / "ledger.db", policy_dir_source(None))
     assert all(r.ok for r in rows), rows
     assert [r.check for r in rows].count("slash replay") == 1
+    assert [r.check for r in rows].count("accept replay") == 1
 
     bundle = tmp_path / "cheat.bundle"
     export_bundle(tmp_path / "ledger.db", cheat.id, bundle)
