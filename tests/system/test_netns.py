@@ -2,10 +2,11 @@
 two bootstrap peers, a trainer, a validator and an inference worker, on a bridge of their own
 (10.77.0.0/24 exists only inside the namespaces this test creates and deletes).
 
-Faults, each followed by checks: kill -9 of the worker, then of the trainer, each restarted on
-its home (the policy keeps advancing, the worker's download completes); the worker's link
-down and up again (its ledger replica converges with the validator's); kill -9 of the first
-bootstrap peer, after which a restarted worker joins through the second. Throughout: no
+Faults, each followed by checks: kill -9 of the worker, the validator and the trainer, each
+restarted on its home (the policy keeps advancing, the worker's download completes, crediting
+goes on); the worker's and then the validator's link down and up again (the worker's ledger
+replica converges with the validator's); kill -9 of the first bootstrap peer, after which a
+restarted worker joins through the second; the first bootstrap peer restarted. Throughout: no
 submission is credited twice, and every credited (accepted) submission reaches the trainer's
 sample queue, where each is reserved by at most one training step.
 
@@ -327,20 +328,34 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
     now = policy_version(swarm, "worker")
     wait_for(lambda: download_complete(swarm, "worker", now), 60, "the re-download", swarm)
 
-    # 2. Partition: the worker's link goes down, then up again.
-    swarm.net.link("worker", up=False)
-    time.sleep(8)
-    swarm.net.link("worker", up=True)
-    faults["link down/up (worker)"] = 1
-    held = swarm.ledger_ids("validator")
+    # 2. kill -9 the validator and restart it: judging (and crediting) goes on.
+    credits_before = len(swarm.credited("validator"))
+    swarm.kill9("validator")
+    swarm.start("validator")
+    faults["kill -9 validator"] = 1
     wait_for(
-        lambda: held <= swarm.ledger_ids("worker"),
-        60,
-        "the worker's ledger to converge with the validator's after the partition",
+        lambda: len(swarm.credited("validator")) > credits_before,
+        120,
+        "a new credit after the validator's restart",
         swarm,
     )
 
-    # 3. kill -9 the trainer and restart it: it resumes from its checkpoint and keeps going.
+    # 3. Partitions: the worker's link, then the validator's, goes down and up again; the
+    # worker's ledger replica then converges with the validator's (sync repairs the gap).
+    for name in ("worker", "validator"):
+        swarm.net.link(name, up=False)
+        time.sleep(6)
+        swarm.net.link(name, up=True)
+        faults[f"link down/up ({name})"] = 1
+        held = swarm.ledger_ids("validator")
+        wait_for(
+            lambda held=held: held <= swarm.ledger_ids("worker"),  # type: ignore[misc]
+            60,
+            f"the worker's ledger to converge with the validator's after the {name} partition",
+            swarm,
+        )
+
+    # 4. kill -9 the trainer and restart it: it resumes from its checkpoint and keeps going.
     before = policy_version(swarm, "trainer")
     swarm.kill9("trainer")
     swarm.start("trainer")
@@ -352,7 +367,7 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
         swarm,
     )
 
-    # 4. The first bootstrap peer dies; a restarted worker joins through the second.
+    # 5. The first bootstrap peer dies; a restarted worker joins through the second.
     swarm.kill9("boot1")
     swarm.kill9("worker")
     swarm.start("worker")
@@ -374,6 +389,11 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
         swarm,
     )
 
+    # 6. The first bootstrap peer comes back (kill -9 was its fault; restart is the repair).
+    swarm.start("boot1")
+    faults["restart first bootstrap"] = 1
+    wait_for(lambda: swarm.status("boot1") is not None, 60, "boot1 to answer again", swarm)
+
     # Nothing credited twice, nothing accepted lost, nothing trained twice.
     credited = swarm.credited("validator")
     assert credited, "no submission was ever credited"
@@ -384,5 +404,13 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
         "every credited submission in the trainer's sample queue",
         swarm,
     )
+    queue = swarm.trainer_queue()
+    trained = [sid for sid, step in queue.items() if step is not None]
+    assert len(trained) == len(set(trained))  # one row, one reserving step per submission
     assert swarm.hosts["worker"].starts == 3 and swarm.hosts["trainer"].starts == 2
-    print(f"faults survived: {faults}; credited submissions: {len(credited)}")
+    assert swarm.hosts["validator"].starts == 2 and swarm.hosts["boot1"].starts == 2
+    versions = policy_version(swarm, "trainer")
+    print(
+        f"faults survived: {faults}; credited submissions: {len(credited)} (none twice),"
+        f" queued at the trainer: {len(queue)}, trained: {len(trained)}; policy v{versions}"
+    )
