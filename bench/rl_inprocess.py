@@ -1,6 +1,7 @@
 """Benchmark: does plain in-process GRPO learn on the embedded default model and task suite (CPU)?
 
-    .venv/bin/python bench/rl_inprocess.py [--json PATH] [--minutes 3] [--lr 3e-4] ...
+    .venv/bin/python bench/rl_inprocess.py [--json PATH] [--minutes 3] [--lr 2e-4]
+        [--group-size 8] [--batch-prompts 16] [--max-tokens 12] [--max-grad-norm 0.1]
 
 Runs :func:`node.rl.inprocess.train_inprocess` (one policy version per GRPO step, no network,
 no proofs) for ``--minutes`` of wall time and reports:
@@ -11,7 +12,8 @@ no proofs) for ``--minutes`` of wall time and reports:
                   (--window versions) of the batch reward first stands +0.1 / +0.2 / +0.3
                   above the start's held-out sampled mean
   params          the RunParams used (defaults here are the recommended demo set)
-Prints a table last.
+Prints a table last. One torch thread by default: on two shared, oversubscribed cores two
+threads ran up to 10x slower per version than one (the model is tiny; threads contend).
 """
 
 from __future__ import annotations
@@ -82,14 +84,14 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--minutes", type=float, default=3.0)
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--group-size", type=int, default=16)
-    ap.add_argument("--batch-prompts", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--batch-prompts", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--max-grad-norm", type=float, default=0.1)
     ap.add_argument("--eval-per-family", type=int, default=100)
     ap.add_argument("--window", type=int, default=25)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)

@@ -15,9 +15,9 @@ family     prompt (then the model writes)          levels (1 easy .. 3 hard)
 The default mix (:func:`default_suite`) is rev and sort at levels 2 and 3: task ``i`` is entry
 ``i % 4`` of ``(rev 2, rev 3, sort 2, sort 3)``. Arithmetic stays available to other mixes but
 is out of the default: the embedded ~0.7M-parameter model learns it too slowly for RL to move it
-within a demo (after a few thousand warm-up steps 2-digit add/sub solve 5-10%, 3-digit add ~0),
-while rev/sort warmed up to a sampled reward of about 0.25 gain +0.3-0.45 in a few minutes of
-in-process GRPO (``bench/rl_inprocess.py``, docs/BENCHMARKS.md).
+within a demo (after 1,300-1,500 warm-up steps 2-digit add/sub solve 5-10%, 3-digit add ~0),
+while rev/sort warmed up to a sampled reward of about 0.25 gain +0.3 within about 130 GRPO
+steps in process (``bench/rl_inprocess.py``, docs/BENCHMARKS.md).
 
 The answer is the exact string; the model ends it with EOS. Rewards are 1.0 for an exact answer
 and 0.0 otherwise (see :mod:`node.tasks.rewards` for the optional length penalty).
