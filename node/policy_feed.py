@@ -48,7 +48,9 @@ class PolicyFeed:
         # One version more than the window: the newest may arrive while the oldest is in use.
         self.store = ShardStore(root, keep=params.async_level + 2, max_disk=max_disk)
         self.data_channel = data_channel
-        self.fetch_config = fetch or FetchConfig(stall_timeout=10.0, give_up_after=30.0)
+        self.fetch_config = fetch or FetchConfig(
+            stall_timeout=10.0, give_up_after=30.0, have_refresh=0.25
+        )
         self.catch_up_every_s = catch_up_every_s
         self.service: ShardcastService | None = None
         self._locks: dict[int, trio.Lock] = {}
