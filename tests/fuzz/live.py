@@ -97,12 +97,12 @@ class LiveSwarm:
             def engine() -> TorchEngine:
                 return TorchEngine.from_dir(DEFAULT_MODEL_DIR)
 
-            self.trainer = await net.node("trainer", bootstrap=[])
+            self.trainer = await net.node("trainer", bootstrap=[], home=True)
             addr = self.trainer.overlay.addrs()[:1]
             self.roles["trainer"] = await stack.enter_async_context(
                 launch(self.trainer, self.root / "t", max_versions=0, ledger_sync_every_s=3600)
             )
-            self.validator = await net.node("validator", bootstrap=addr)
+            self.validator = await net.node("validator", bootstrap=addr, home=True)
             self.roles["validator"] = await stack.enter_async_context(
                 launch(
                     self.validator, self.root / "v", engine_factory=engine, ledger_sync_every_s=3600
@@ -161,6 +161,14 @@ class LiveSwarm:
                 await stream.send_eof()
                 answer = await admin._read_line(stream, admin.MAX_ANSWER)
         return json.loads(answer)  # type: ignore[no-any-return]
+
+    async def status_seconds(self, node: Node) -> float:
+        """How long ``node``'s admin socket takes to answer a status request."""
+        assert node.config.home is not None
+        start = trio.current_time()
+        answer = await admin.query(admin.socket_path(node.config.home.path), {"cmd": "status"})
+        assert answer["status"]["peer_id"] == node.peer_id
+        return trio.current_time() - start
 
     # --- the honest requests every handler must still answer -------------------------------
 
