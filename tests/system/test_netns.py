@@ -259,7 +259,14 @@ class Swarm:
             queue[bytes(sid)] = step
         return queue
 
-    def tail(self, name: str, chars: int = 1500) -> str:
+    def handoffs(self) -> str:
+        """The validator's outbox, for failure messages."""
+        path = self.run_dir("validator") / "ledger.db"
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            rows = db.execute("SELECT delivered, count(*) FROM handoffs GROUP BY delivered")
+            return f"validator outbox (delivered, count): {rows.fetchall()}"
+
+    def tail(self, name: str, chars: int = 3000) -> str:
         log = self.hosts[name].log
         return log.read_text(errors="replace")[-chars:] if log.exists() else "(no log)"
 
@@ -400,8 +407,8 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
     assert len(credited) == len(set(credited)), "a submission was credited twice"
     wait_for(
         lambda: set(credited) <= set(swarm.trainer_queue()),
-        60,
-        "every credited submission in the trainer's sample queue",
+        90,
+        f"every credited submission in the trainer's sample queue ({swarm.handoffs()})",
         swarm,
     )
     queue = swarm.trainer_queue()
