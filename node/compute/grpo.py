@@ -240,16 +240,22 @@ class GRPOTrainer:
             entropy=stats["entropy"],
         )
 
-    def rollback(self, version: int) -> None:
-        """Continue from the weights of ``version`` (kept in the window) as a *new* version:
-        versions only move forward on the network. The optimizer restarts."""
+    def rollback(self, version: int) -> int:
+        """Continue from the weights of ``version`` as a *new* version: versions only move
+        forward on the network. The optimizer restarts. When ``version`` has already left the
+        window, the oldest version still held (the nearest to it) is used; returns the version
+        whose weights were taken."""
         if version not in self._snapshots:
-            held = sorted(self._snapshots)
-            raise ConfigError(f"version {version} is no longer held; holds {held}")
+            later = [v for v in self._snapshots if v > version]
+            if not later:
+                held = sorted(self._snapshots)
+                raise ConfigError(f"version {version} is no longer held; holds {held}")
+            version = min(later)
         self.model.load_state_dict(self._snapshots[version])
         self.optimizer = self._new_optimizer()
         self.version += 1
         self._snapshots[self.version] = self._cpu_state()
+        return version
 
     def save_checkpoint(self, path: Path) -> None:
         """Model, optimizer and version, written atomically (tmp file + rename)."""

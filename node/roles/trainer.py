@@ -198,13 +198,13 @@ class Trainer:
         )
         good = self.guard.observe(stats)
         if good is not None:
+            good = self.grpo.rollback(good)  # the nearest held version if v{good} was pruned
             log.error(
                 "policy collapse: reward and advantage signal fell to zero for %d steps;"
                 " continuing from the weights of v%d (lower the learning rate if this repeats)",
                 self.guard.patience,
                 good,
             )
-            self.grpo.rollback(good)
             self.stats.rollbacks += 1
         await trio.to_thread.run_sync(self.grpo.save_checkpoint, self.checkpoint)
         await self._publish_current()
