@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from node.compute.grpo import GRPOConfig, GRPOTrainer, Group
+from node.compute.grpo import Group, GRPOConfig, GRPOTrainer
 from tests.unit.test_grpo import TARGET, tiny_model
 
 
