@@ -210,6 +210,12 @@ class Swarm:
             os.killpg(proc.pid, signal.SIGKILL)  # the node and its compute child
         proc.wait(timeout=30)
 
+    def assert_alive(self, *except_: str) -> None:
+        """No process exited on its own (a crash shows here, not as a later timeout)."""
+        for name, host in self.hosts.items():
+            if name not in except_ and host.proc is not None and host.proc.poll() is not None:
+                raise AssertionError(f"{name} exited ({host.proc.returncode}):\n{self.tail(name)}")
+
     def close(self) -> None:
         for host in self.hosts.values():
             if host.proc is not None and host.proc.poll() is None:
@@ -335,6 +341,8 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
     now = policy_version(swarm, "worker")
     wait_for(lambda: download_complete(swarm, "worker", now), 60, "the re-download", swarm)
 
+    swarm.assert_alive()
+
     # 2. kill -9 the validator and restart it: judging (and crediting) goes on.
     credits_before = len(swarm.credited("validator"))
     swarm.kill9("validator")
@@ -346,6 +354,8 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
         "a new credit after the validator's restart",
         swarm,
     )
+
+    swarm.assert_alive()
 
     # 3. Partitions: the worker's link, then the validator's, goes down and up again; the
     # worker's ledger replica then converges with the validator's (sync repairs the gap).
@@ -362,6 +372,8 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
             swarm,
         )
 
+    swarm.assert_alive()
+
     # 4. kill -9 the trainer and restart it: it resumes from its checkpoint and keeps going.
     before = policy_version(swarm, "trainer")
     swarm.kill9("trainer")
@@ -373,6 +385,8 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
         "the policy to advance after the trainer's restart",
         swarm,
     )
+
+    swarm.assert_alive()
 
     # 5. The first bootstrap peer dies; a restarted worker joins through the second.
     swarm.kill9("boot1")
@@ -400,6 +414,8 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
     swarm.start("boot1")
     faults["restart first bootstrap"] = 1
     wait_for(lambda: swarm.status("boot1") is not None, 60, "boot1 to answer again", swarm)
+
+    swarm.assert_alive()
 
     # Nothing credited twice, nothing accepted lost, nothing trained twice.
     credited = swarm.credited("validator")
