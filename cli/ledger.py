@@ -10,7 +10,6 @@ import typer
 from rich.table import Table
 
 from cli.common import HomeOption, console, open_home
-from node.audit import audit_bundle, audit_ledger, export_bundle, is_ledger_file, policy_dir_source
 from node.run import load_genesis
 from swarm.errors import ConfigError
 from swarm.ledger import LedgerStore
@@ -111,6 +110,15 @@ def audit(
 ) -> None:
     """Re-verify every signature and balance of a ledger and replay the evidence of every slash
     (exit 1 on any disagreement); or export/replay one self-contained proof bundle."""
+    # The audit re-runs the model: torch loads only for this command.
+    from node.audit import (
+        audit_bundle,
+        audit_ledger,
+        export_bundle,
+        is_ledger_file,
+        policy_dir_source,
+    )
+
     if target[0] == "export":
         if len(target) != 2 or db is None or output is None:
             raise ConfigError(

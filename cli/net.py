@@ -20,7 +20,6 @@ from cli.common import HomeOption, console, err_console, open_home
 from node import admin
 from node.model import DEFAULT_MODEL_DIR, model_info
 from node.roles.cheats import cheat_by_name
-from node.roles.launch import launch
 from node.run import load_genesis
 from node.runtime import Node, RuntimeConfig, forever_policy
 from swarm.errors import ConfigError, SwarmError
@@ -201,6 +200,8 @@ def join(
     model_dir = model if model is not None else DEFAULT_MODEL_DIR
     model_info(model_dir)  # a bad --model is a clear error before any network use
 
+    from node.roles.launch import launch  # the role's engine and trainer load torch
+
     async def main() -> None:
         async with (
             Node.start(config) as node,
@@ -210,6 +211,7 @@ def join(
                 tamper=tamper,
                 max_versions=max_versions,
                 model_dir=model_dir,
+                torch_threads=1,
             ),
         ):
             err_console.print(

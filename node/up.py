@@ -27,7 +27,6 @@ from typing import Any
 import trio
 
 from node import admin
-from node.audit import audit_ledger, policy_dir_source
 from node.home import NodeConfig, NodeHome
 from node.run import create_genesis, write_genesis
 from swarm.errors import ConfigError, NetworkError, StorageError, SwarmError
@@ -37,10 +36,10 @@ log = logging.getLogger(__name__)
 
 DEMO_PARAMS = RunParams(
     group_size=8,
-    batch_prompts=8,
+    batch_prompts=16,
     max_tokens=12,
-    learning_rate=3e-4,
-    max_grad_norm=1.0,
+    learning_rate=2e-4,
+    max_grad_norm=0.1,
     async_level=2,
     submissions_per_step=1,
     toploc_max_submission_mant_mean=1.2,
@@ -81,6 +80,19 @@ class UpConfig:
     with_cheater: bool = True
     cheat: str = "edit-token"
     params: RunParams = DEMO_PARAMS
+
+
+def _gains(rewards: list[float], window: int = 5) -> dict[str, float | None]:
+    """One version's mean reward is noisy (16 prompts): report the gain of the last version over
+    version 0 as asked, and the gain of the trailing mean over the leading one."""
+    if len(rewards) < 2:
+        return {"reward_gain": None, "reward_gain_smoothed": None}
+    k = min(window, len(rewards) // 2)
+    lead, trail = rewards[:k], rewards[-k:]
+    return {
+        "reward_gain": rewards[-1] - rewards[0],
+        "reward_gain_smoothed": sum(trail) / k - sum(lead) / k,
+    }
 
 
 class LocalSwarm:
@@ -242,10 +254,13 @@ class LocalSwarm:
             "wall_s": round(self.elapsed(), 1),
             "run_id": self.run_id,
             "reward_by_version": [r for _, r in self.reward_by_version()],
+            **_gains([r for _, r in self.reward_by_version()]),
             "versions": [v for v, _ in self.reward_by_version()],
             "cheaters": [p.peer_id for p in self.procs if p.name == "cheater"],
             "honest_workers": [p.peer_id for p in self.procs if p.name.startswith("worker-")],
         }
+        from node.audit import audit_ledger, policy_dir_source  # loads torch: only at the end
+
         ledger = self.validator_ledger()
         if ledger.exists():
             shutil.copy2(ledger, self.out / "ledger.db")

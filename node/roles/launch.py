@@ -91,6 +91,7 @@ async def launch(
     max_versions: int | None = None,
     data_channel: bool = True,
     ledger_sync_every_s: float = 10.0,
+    torch_threads: int | None = None,
 ) -> AsyncIterator[RoleHandle]:
     run_dir.mkdir(parents=True, exist_ok=True)
     engine_factory = engine_factory or child_engine(model_dir)
@@ -105,6 +106,11 @@ async def launch(
             await nursery.start(feed.run)
             nursery.start_soon(replica.run)
             if node.role == "trainer":
+                if torch_threads is not None:
+                    import torch
+
+                    # Small models train fastest on one thread, and a busy box has no spare core.
+                    torch.set_num_threads(torch_threads)
                 handle.trainer = Trainer(
                     node, feed, run_dir, model_dir=model_dir, max_versions=max_versions
                 )
