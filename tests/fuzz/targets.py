@@ -129,9 +129,9 @@ class Tally:
         return {"cases": self.cases, "untyped_errors": self.untyped_errors, "hangs": self.hangs}
 
 
-def check(target: Target, data: bytes, tally: Tally | None = None) -> str:
+def check(target: Target, data: bytes, tally: Tally | None = None, hang_s: float = HANG_S) -> str:
     """Run one case: ``ok`` (accepted), ``typed`` (a SwarmError), ``untyped``, or ``hang``
-    (took longer than ``HANG_S``). Untyped errors are recorded in ``tally.examples``."""
+    (took longer than ``hang_s``). Untyped errors are recorded in ``tally.examples``."""
     start = time.monotonic()
     try:
         target.run(data)
@@ -142,7 +142,7 @@ def check(target: Target, data: bytes, tally: Tally | None = None) -> str:
         outcome = "untyped"
         if tally is not None and len(tally.examples) < 5:
             tally.examples.append(f"{data[:80]!r}\n{traceback.format_exc(limit=4)}")
-    if outcome != "untyped" and time.monotonic() - start > HANG_S:
+    if outcome != "untyped" and time.monotonic() - start > hang_s:
         outcome = "hang"
     if tally is not None:
         tally.cases += 1

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from tests.fuzz.live import LiveSwarm
 from tests.fuzz.targets import Tally, Target, check
 
-CI_CASES = 120
+CI_CASES = 200
 NAMES = [
     "stream.submit",
     "stream.samples",
