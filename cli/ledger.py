@@ -104,9 +104,10 @@ def audit(
     db: DbOption = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Bundle to write.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    slashes_only: Annotated[
-        bool, typer.Option("--slashes-only", help="Replay slashes, not every credit too.")
-    ] = False,
+    credits: Annotated[
+        int | None,
+        typer.Option("--credits", min=0, help="Replay a random sample of N credits (default all)."),
+    ] = None,
 ) -> None:
     """Re-verify every signature and balance of a ledger and replay the evidence of every slash
     (exit 1 on any disagreement); or export/replay one self-contained proof bundle."""
@@ -136,7 +137,7 @@ def audit(
     path = Path(target[0])
     source = policy_dir_source(policy_dir)
     if is_ledger_file(path):
-        rows = audit_ledger(path, source, credits=not slashes_only)
+        rows = audit_ledger(path, source, credits=credits)
     else:
         rows = audit_bundle(path, source)
     bad = [r for r in rows if r.ok is False]

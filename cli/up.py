@@ -81,7 +81,9 @@ async def _run(swarm: LocalSwarm) -> str:
 
 def up(
     workers: Annotated[int, typer.Option("--workers", min=1, help="Honest inference workers.")] = 2,
-    versions: Annotated[int, typer.Option("--versions", min=1, help="Stop after K versions.")] = 200,
+    versions: Annotated[
+        int, typer.Option("--versions", min=1, help="Stop after K versions.")
+    ] = 200,
     minutes: Annotated[
         float, typer.Option("--minutes", min=0.1, help="Stop after M minutes.")
     ] = 10.0,

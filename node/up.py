@@ -46,6 +46,10 @@ DEMO_PARAMS = RunParams(
 )
 """The demo run's parameters (see docs/BENCHMARKS.md, in-process GRPO, for how they were set)."""
 
+AUDIT_CREDITS = 30
+"""Credits replayed at the end of `up` (a random sample; every slash is replayed). A full replay
+of a 10-minute run's credits takes minutes; `swarm-node audit OUT/ledger.db` does it."""
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -267,7 +271,9 @@ class LocalSwarm:
             summary |= self._ledger_facts(self.out / "ledger.db")
             policies = self.proc("trainer").home / "runs" / self.run_id / "policies"
             try:
-                rows = audit_ledger(self.out / "ledger.db", policy_dir_source(policies))
+                rows = audit_ledger(
+                    self.out / "ledger.db", policy_dir_source(policies), credits=AUDIT_CREDITS
+                )
                 summary["audit_ok"] = all(r.ok is not False for r in rows)
                 summary["audit_unchecked"] = sum(r.ok is None for r in rows)
                 summary["audit"] = [r.__dict__ for r in rows]
