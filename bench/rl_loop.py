@@ -35,7 +35,7 @@ from node.rl.inprocess import train_inprocess
 from node.up import DEMO_PARAMS, LocalSwarm, UpConfig
 
 GAIN = 0.2
-SMOOTH = 3
+SMOOTH = 5
 
 
 def smoothed(curve: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -48,11 +48,12 @@ def smoothed(curve: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def time_to_gain(curve: list[tuple[float, float]], gain: float) -> float | None:
-    """Seconds until the smoothed reward first stands ``gain`` above its start."""
-    if not curve:
+    """Seconds until the running mean first stands ``gain`` above the mean of the first SMOOTH
+    versions (one version's reward is noisy: a lucky or unlucky version 0 decides nothing)."""
+    if len(curve) < SMOOTH:
         return None
-    points = smoothed(curve)
-    start = curve[0][1]
+    points = smoothed(curve)[SMOOTH - 1 :]
+    start = points[0][1]
     return next((t for t, r in points if r - start >= gain), None)
 
 
@@ -123,6 +124,9 @@ def main() -> None:
     synchronous = trio.run(
         run_swarm, root / "sync", sync_params, args.versions, args.minutes, args.workers
     )
+    import torch
+
+    torch.set_num_threads(1)  # as the swarm's trainer and engines: fastest on these cores
     started = time.perf_counter()
     inprocess = train_inprocess(
         DEMO_PARAMS, steps=10_000, time_limit_s=min(max(asynchronous["wall_s"], 30.0), 150.0)
