@@ -7,7 +7,6 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-import trio
 
 from node.up import DEMO_PARAMS, LocalSwarm, UpConfig
 from swarm.ledger import LedgerStore
@@ -42,7 +41,16 @@ async def test_trainer_and_validator_survive_kill_9(tmp_path: Path) -> None:
         await wait_until(lambda: version_at_least(2), 180, poll=0.5)
         swarm.kill("trainer")
         before = swarm.version()
-        await trio.sleep(1.0)  # work accepted now must wait in the validator's outbox
+
+        def outbox_holds_work() -> bool:
+            store = LedgerStore.open_existing(swarm.validator_ledger())
+            try:
+                return bool(store.pending_handoffs())
+            finally:
+                store.close()
+
+        # Work accepted while the trainer is down waits in the validator's durable outbox.
+        await wait_until(outbox_holds_work, 120, poll=0.5)
         swarm.respawn("trainer")
         await wait_until(lambda: version_at_least(before + 2), 180, poll=0.5)
 
