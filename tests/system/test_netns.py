@@ -405,7 +405,7 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
     before = policy_version(swarm, "trainer")
     wait_for(
         lambda: policy_version(swarm, "trainer") > before,
-        120,
+        180,
         "the policy to advance with the first bootstrap peer gone",
         swarm,
     )
