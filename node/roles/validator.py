@@ -10,6 +10,7 @@ verdict): both signed, so a trainer trusts neither this node nor the wire.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -25,10 +26,11 @@ from node.roles.verdicts import record_judgement
 from node.roles.worker import SUBMIT, SUBMIT_LIMITS
 from node.run import suite_for
 from node.runtime import Node
-from swarm.errors import SwarmError, ValidationError
+from swarm.errors import NetworkError, SwarmError, ValidationError
 from swarm.ledger import LedgerStore
 from swarm.messages import LedgerEvent, RolloutSubmission, Signed, Verdict, decode
 from swarm.net import StreamLimits
+from swarm.net.host import check_peer_id
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +149,14 @@ class Validator:
             lambda: judge(submission, ctx, self.engine, counter_seen=counter_seen)
         )
 
+    async def _forget_connections(self, peer_id: str) -> None:
+        """Drop our connections to a trainer we cannot open a stream to. A trainer restarted on
+        the same address leaves a dead connection that py-libp2p keeps choosing; without it the
+        next attempt dials afresh (found by the netns test)."""
+        with contextlib.suppress(Exception):
+            network = self.node.overlay.host.get_network()
+            await network.close_peer(check_peer_id(peer_id))
+
     def _count(self, judgement: Judgement) -> None:
         self.stats.judged += 1
         if judgement.accepted:
@@ -181,6 +191,8 @@ class Validator:
                 except SwarmError as exc:
                     log.warning("trainer %s did not take accepted work: %s", trainer[-8:], exc)
                     failed = True
+                    if type(exc) is NetworkError:  # no stream at all, not a refusal or timeout
+                        await self._forget_connections(trainer)
                     continue
                 self.ledger.mark_handed(submission_id, trainer)
             if failed:

@@ -76,7 +76,10 @@ async def request(
     stream = None
     try:
         with trio.fail_after(limits.timeout):
-            stream = await _open_stream(host, peer, peer_id, protocol)
+            try:
+                stream = await host.new_stream(peer, [protocol])
+            except Exception as exc:
+                raise NetworkError(f"cannot open {protocol} to {peer_id}: {exc}") from exc
             try:
                 await write_frame(stream, payload)
                 answer = await read_frame(stream, limits.max_response + 1)
@@ -102,27 +105,6 @@ async def request(
     if answer[0] != OK:
         raise PeerError(f"{peer_id} sent an unknown status {answer[0]} on {protocol}")
     return answer[1:]
-
-
-async def _open_stream(host: Any, peer: Any, peer_id: str, protocol: str) -> Any:
-    """Open a stream; once, after dropping the peer's connections, if that fails.
-
-    A peer that restarted leaves a dead connection behind that py-libp2p keeps choosing
-    ("failed to open a stream to peer"); closing it makes ``new_stream`` dial afresh from the
-    peerstore's addresses.
-    """
-    try:
-        return await host.new_stream(peer, [protocol])
-    except Exception as first:
-        if "not supported" in str(first):  # the peer is alive and answered: nothing to redial
-            raise NetworkError(f"cannot open {protocol} to {peer_id}: {first}") from first
-        log.debug("opening %s to %s failed (%s); redialing", protocol, peer_id, first)
-        with contextlib.suppress(Exception):
-            await host.get_network().close_peer(peer)
-        try:
-            return await host.new_stream(peer, [protocol])
-        except Exception as exc:
-            raise NetworkError(f"cannot open {protocol} to {peer_id}: {exc}") from exc
 
 
 class StreamServer:
