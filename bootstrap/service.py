@@ -40,7 +40,9 @@ from swarm.net import (
     OverlayConfig,
     PolicyGate,
     PolicyTracker,
+    ledger_topic,
     parse_topic,
+    policy_topic,
 )
 from swarm.net.gossip import Refused, SeenIds
 
@@ -141,8 +143,8 @@ class BootstrapPeer:
             return
         self._routed.add(run_id)
         genesis = self._known.get(run_id)
-        for kind in ("policy", "ledger"):
-            topic = f"swarm-node/{run_id}/{kind}"
+        for kind, topic_of in (("policy", policy_topic), ("ledger", ledger_topic)):
+            topic = topic_of(run_id)
             gate: Any
             if genesis is None:
                 gate = WellFormedGate(run_id, kind, self.stats)

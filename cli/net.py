@@ -24,7 +24,7 @@ from node.run import load_genesis
 from node.runtime import Node, RuntimeConfig, forever_policy
 from swarm.errors import ConfigError, SwarmError
 from swarm.messages import parse_role, run_id_of
-from swarm.net import DialPolicy, parse_multiaddr, parse_peer_addr
+from swarm.net import DialPolicy, parse_multiaddr, parse_peer_addr, policy_topic
 
 ListenOption = Annotated[
     list[str] | None,
@@ -278,7 +278,7 @@ def announce(
 
     async def transient() -> None:
         async with Node.start(config) as node:
-            topic = f"swarm-node/{node.run_id}/policy"
+            topic = policy_topic(node.run_id)
             with trio.move_on_after(10):
                 while not node.overlay.mesh_peers(topic):
                     await trio.sleep(0.1)

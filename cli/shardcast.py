@@ -24,6 +24,7 @@ from node.runtime import Node, RuntimeConfig
 from node.shardcast import MIB, ShardcastService, open_store
 from swarm.errors import PeerError
 from swarm.messages import run_id_of
+from swarm.net import policy_topic
 from swarm.shardcast import FetchConfig, FetchProgress, publish
 from swarm.shardcast.datachannel import DataChannelConfig
 
@@ -109,7 +110,7 @@ def publish_cmd(
             ) as service,
         ):
             await service.advertise(version)
-            topic = f"swarm-node/{run_id_of(genesis)}/policy"
+            topic = policy_topic(run_id_of(genesis))
             with trio.move_on_after(10):
                 while not node.overlay.mesh_peers(topic):
                     await trio.sleep(0.1)
