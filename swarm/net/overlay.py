@@ -15,6 +15,7 @@ py-libp2p choices made here, each for a reason:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import socket
@@ -147,11 +148,20 @@ class Overlay:
             await stack.enter_async_context(background_trio_service(overlay.pubsub))
             await stack.enter_async_context(background_trio_service(overlay.gossipsub))
             await stack.enter_async_context(background_trio_service(overlay.dht))
+            # Runs first on exit: with every connection closed, no peer's message can reach
+            # pubsub while its service stops (py-libp2p then spawns into a closed nursery).
+            stack.push_async_callback(overlay._close_connections)
             await overlay.pubsub.wait_until_ready()
             housekeeping = await stack.enter_async_context(trio.open_nursery())
             housekeeping.start_soon(overlay._trim_gossip_state_forever)
             stack.callback(housekeeping.cancel_scope.cancel)
             yield overlay
+
+    async def _close_connections(self) -> None:
+        network = self.host.get_network()
+        for peer in list(network.get_connections_map()):
+            with contextlib.suppress(Exception):
+                await network.close_peer(peer)
 
     # -- housekeeping -------------------------------------------------------------------------
 
