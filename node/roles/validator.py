@@ -122,10 +122,12 @@ class Validator:
             recorded = record_judgement(
                 self.ledger, self.node.key, submission, judgement, self.params, related=related
             )
+            if judgement.accepted:
+                # In the outbox before any await: a kill after this point loses nothing.
+                self.ledger.queue_handoff(submission.id, self.node.config.genesis.message.trainers)
         self._count(judgement)
         await self._publish(recorded.verdict, recorded.events)
         if judgement.accepted:
-            self.ledger.queue_handoff(submission.id, self.node.config.genesis.message.trainers)
             self._handoff.set()
         return recorded.verdict
 
