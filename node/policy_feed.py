@@ -2,10 +2,14 @@
 else fetches each announced version through SHARDCAST (``node.shardcast.ShardcastService``), and
 every holder serves and advertises what it holds.
 
-Gossip does not replay the past, so a node that joins after an announcement would wait for the
-next one. ``/swarm-node/<run>/policy/1`` closes that gap: every node answers with the newest
-announcement it holds (the trainer's own signature, checked by the same gate as gossip), and a
-node with none asks its peers until it has one.
+Gossip does not replay the past, and it loses messages (a peer that dies mid-forward takes a
+message with it), so a node that joins after an announcement, or missed one, would wait for the
+next one; a validator that missed version n refuses all work of version n and no version n + 1
+ever comes (found by the netns test). ``/swarm-node/<run>/policy/1`` closes that gap: every node
+answers with the newest announcement it holds (the trainer's own signature, checked by the same
+gate as gossip). A node with none asks its peers until it has one; after that it asks one or two
+peers whenever the policy has been quiet for ``refresh_every_s`` (anti-entropy), and at once when
+someone shows it work of a version it has not heard of (``pull``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class PolicyFeed:
         fetch: FetchConfig | None = None,
         max_disk: int | None = None,
         catch_up_every_s: float = 2.0,
+        refresh_every_s: float = 10.0,
     ) -> None:
         params = node.config.genesis.message.params
         self.node = node
@@ -52,6 +57,7 @@ class PolicyFeed:
             stall_timeout=10.0, give_up_after=30.0, have_refresh=0.25
         )
         self.catch_up_every_s = catch_up_every_s
+        self.refresh_every_s = refresh_every_s
         self.service: ShardcastService | None = None
         self._locks: dict[int, trio.Lock] = {}
 
@@ -73,20 +79,43 @@ class PolicyFeed:
         return newest.raw
 
     async def _catch_up(self) -> None:
-        """Until some announcement is known, ask trainers first, then other peers."""
+        """Until some announcement is known, ask trainers first, then other peers; after that,
+        ask a peer or two whenever no announcement has come for ``refresh_every_s``."""
         while self.node.policy.newest is None:
             by_role = self.node.peers_by_role()
             others = [p for role, ps in by_role.items() if role != "trainer" for p in ps]
             random.shuffle(others)
-            for peer in [*by_role.get("trainer", []), *others[:3]]:
+            await self.pull([*by_role.get("trainer", []), *others[:3]])
+            if self.node.policy.newest is None:
+                await trio.sleep(self.catch_up_every_s)
+        while True:
+            version = self.node.policy.version
+            with trio.move_on_after(self.refresh_every_s):
+                await self.node.policy.wait_for((version or 0) + 1)
+                continue  # gossip is flowing
+            peers = [p for ps in self.node.peers_by_role().values() for p in ps]
+            await self.pull(random.sample(peers, min(2, len(peers))))
+
+    async def pull(self, peers: list[str], timeout: float = 5.0) -> bool:
+        """Ask ``peers`` in turn for their newest announcement until one is newer than ours;
+        ``True`` when the policy advanced. The answer carries the trainer's signature and goes
+        through the gossip gate, so any peer may be asked."""
+        with trio.move_on_after(timeout):
+            for peer in peers:
+                if peer == self.node.peer_id:
+                    continue
                 try:
                     raw = await self.node.request(peer, POLICY, b"", POLICY_LIMITS)
                 except SwarmError:
                     continue
+                try:
+                    self.node.policy_gate.check(raw)
+                except SwarmError:
+                    continue  # stale or duplicate: the usual answer, not worth a log line
                 if self.node.policy_gate.accept(raw) is not None:
-                    break
-            if self.node.policy.newest is None:
-                await trio.sleep(self.catch_up_every_s)
+                    log.info("policy v%s learnt from %s", self.node.policy.version, peer[-8:])
+                    return True
+        return False
 
     def path_of(self, version: int) -> Path | None:
         """The safetensors file of a complete local version, or None."""
@@ -108,7 +137,13 @@ class PolicyFeed:
             # be a second manifest for the same version.
             manifest = self.store.manifest(version)
             await self._service().advertise(version)
-            await node.announce_policy(version, manifest.id)
+            known = node.policy.version
+            if known is not None and known >= version:
+                # Its peers answered the catch-up with this very announcement before the
+                # restarted trainer got here: announcing it again would be refused as stale.
+                log.info("policy v%d is known to the swarm already; serving it", version)
+            else:
+                await node.announce_policy(version, manifest.id)
             return manifest
         self._discard_own_partial(version)
         manifest = await trio.to_thread.run_sync(

@@ -92,10 +92,13 @@ async def launch(
     data_channel: bool = True,
     ledger_sync_every_s: float = 10.0,
     torch_threads: int | None = None,
+    policy_refresh_s: float = 10.0,
 ) -> AsyncIterator[RoleHandle]:
     run_dir.mkdir(parents=True, exist_ok=True)
     engine_factory = engine_factory or child_engine(model_dir)
-    feed = PolicyFeed(node, run_dir / "shards", data_channel=data_channel)
+    feed = PolicyFeed(
+        node, run_dir / "shards", data_channel=data_channel, refresh_every_s=policy_refresh_s
+    )
     ledger = LedgerStore(run_dir / "ledger.db", node.config.genesis)
     replica = LedgerReplica(node, ledger, every_s=ledger_sync_every_s)
     handle = RoleHandle(node, feed, ledger, replica)

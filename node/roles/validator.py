@@ -26,7 +26,7 @@ from node.roles.verdicts import record_judgement
 from node.roles.worker import SUBMIT, SUBMIT_LIMITS
 from node.run import suite_for
 from node.runtime import Node
-from swarm.errors import NetworkError, SwarmError, ValidationError
+from swarm.errors import NetworkError, RequestTimeout, SwarmError, ValidationError
 from swarm.ledger import LedgerStore
 from swarm.messages import LedgerEvent, RolloutSubmission, Signed, Verdict, decode
 from swarm.net import StreamLimits
@@ -35,6 +35,8 @@ from swarm.net.host import check_peer_id
 log = logging.getLogger(__name__)
 
 SAMPLES = "samples"
+RETRY_FIRST_S = 1.0  # outbox retry after a failed hand-off, doubling up to RETRY_MAX_S
+RETRY_MAX_S = 8.0
 SAMPLES_LIMITS = StreamLimits(
     max_request=RolloutSubmission.MAX_BYTES + Verdict.MAX_BYTES + 4096,
     max_response=1024,
@@ -89,6 +91,13 @@ class Validator:
         submission = decode(body, RolloutSubmission)
         if submission.signer != peer:
             raise ValidationError("a submission must come from the worker that signed it")
+        known = self.node.policy.version
+        if known is None or submission.message.policy_version > known:
+            # Work of a version we have not heard of: gossip lost its announcement here. The
+            # worker holds it (it generated on it), so ask it, then the trainers; without this
+            # every submission is refused as outside the window and no new version ever comes.
+            trainers = self.node.peers_by_role().get("trainer", [])
+            await self.feed.pull([peer, *trainers])
         return (await self.handle(submission)).raw
 
     async def handle(self, submission: Signed[RolloutSubmission]) -> Signed[Verdict]:
@@ -181,24 +190,42 @@ class Validator:
     async def _deliver(self) -> None:
         """Hand accepted work to the trainers from the durable outbox, retrying until each
         trainer has taken it: a trainer that was down when the verdict was made gets it later."""
+        backoff = RETRY_FIRST_S
         while True:
             pending = self.ledger.pending_handoffs()
+            away: set[str] = set()  # trainers unreachable this round: skip the rest of theirs
             failed = False
             for submission_id, trainer in pending:
+                if trainer in away:
+                    continue
                 raws = self.ledger.evidence(submission_id, "submission")
                 verdicts = self.ledger.evidence(submission_id, "verdict")
                 body = msgpack.packb([raws[0], verdicts[0]], use_bin_type=True)
                 try:
                     await self.node.request(trainer, SAMPLES, body, SAMPLES_LIMITS)
                 except SwarmError as exc:
-                    log.warning("trainer %s did not take accepted work: %s", trainer[-8:], exc)
                     failed = True
+                    unreachable = type(exc) is NetworkError or isinstance(exc, RequestTimeout)
+                    if unreachable:
+                        # One attempt (and one log line) per trainer per round, not one per
+                        # waiting submission; a refusal of one item does not hold up the rest.
+                        away.add(trainer)
+                    log.warning(
+                        "trainer %s did not take accepted work (%d waiting; retry in %.0f s): %s",
+                        trainer[-8:],
+                        sum(1 for _, t in pending if t == trainer),
+                        backoff,
+                        exc,
+                    )
                     if type(exc) is NetworkError:  # no stream at all, not a refusal or timeout
                         await self._forget_connections(trainer)
                     continue
                 self.ledger.mark_handed(submission_id, trainer)
             if failed:
-                await trio.sleep(2.0)  # a trainer is away: retry later, the outbox keeps it
-            elif len(pending) < 64:
+                await trio.sleep(backoff)  # retry later: the outbox keeps the work
+                backoff = min(backoff * 2, RETRY_MAX_S)
+                continue
+            backoff = RETRY_FIRST_S
+            if len(pending) < 64:
                 await self._handoff.wait()
                 self._handoff = trio.Event()

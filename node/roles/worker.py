@@ -196,6 +196,12 @@ class InferenceWorker:
             else:
                 self.stats.rejected += 1
                 self.stats.last_reasons = list(verdict.message.reasons[:3])
+                log.info(
+                    "validator %s rejected work of v%d: %s",
+                    validator[-8:],
+                    signed.message.policy_version,
+                    "; ".join(self.stats.last_reasons),
+                )
             return verdict
         log.warning("no validator took the submission (%d known)", len(validators))
         await trio.sleep(1.0)  # none reachable now: give discovery a moment
