@@ -53,7 +53,7 @@ async def serve_admin(
     task_status: Any = trio.TASK_STATUS_IGNORED,  # trio.TaskStatus (absent in trio-stubs)
 ) -> None:
     """Serve ``commands`` on a Unix socket at ``path`` until cancelled; removes the socket file
-    on exit. A stale socket file from a crashed node is replaced."""
+    on exit (if it is still ours). A stale socket file from a crashed node is replaced."""
     if path.exists():
         path.unlink()
     sock = trio.socket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
@@ -61,6 +61,7 @@ async def serve_admin(
         await sock.bind(str(path))
         os.chmod(path, 0o600)
         sock.listen(16)
+        mine = path.stat().st_ino
     except OSError as exc:
         sock.close()
         raise NetworkError(f"cannot open the admin socket {path}: {exc.strerror or exc}") from exc
@@ -101,8 +102,10 @@ async def serve_admin(
                     stream = await listener.accept()
                     nursery.start_soon(handle, stream)
     finally:
+        # Only our own socket: a home deleted and made again may hold another node's by now.
         with contextlib.suppress(OSError):
-            path.unlink()
+            if path.stat().st_ino == mine:
+                path.unlink()
 
 
 async def query(path: Path, request: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:

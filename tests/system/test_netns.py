@@ -16,6 +16,7 @@ Needs root (`ip netns`); ``pytest -m netns`` runs exactly this module.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import os
 import shutil
@@ -50,6 +51,13 @@ HOSTS = {"boot1": 1, "boot2": 2, "trainer": 3, "validator": 4, "worker": 5}
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the test process dies, however it dies (a CI
+    timeout, Ctrl-C twice), so no node outlives it inside a namespace nobody can see."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _netns_unavailable() -> str | None:
@@ -143,6 +151,7 @@ class Swarm:
         self.net = net
         self.root = root
         self.hosts: dict[str, Host] = {}
+        self.status_errors: dict[str, str] = {}
         owner, _ = NodeHome(root / "owner").create()
         peer_ids = {}
         for name, n in HOSTS.items():
@@ -194,6 +203,7 @@ class Swarm:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         host.starts += 1
 
@@ -230,8 +240,10 @@ class Swarm:
         sock = admin.socket_path(self.hosts[name].home)
         try:
             answer = trio.run(admin.query, sock, {"cmd": "status"}, 5.0)
-        except SwarmError:
+        except SwarmError as exc:
+            self.status_errors[name] = str(exc)  # quoted if a wait times out
             return None
+        self.status_errors.pop(name, None)
         return answer["status"]  # type: ignore[no-any-return]
 
     def run_dir(self, name: str) -> Path:
@@ -285,7 +297,8 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, swarm: Swa
             return value
         time.sleep(0.5)
     logs = "\n".join(f"--- {n}\n{swarm.tail(n)}" for n in swarm.hosts)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}\n{logs}")
+    unanswered = "".join(f"status of {n}: {e}\n" for n, e in swarm.status_errors.items())
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}\n{unanswered}{logs}")
 
 
 def policy_version(swarm: Swarm, name: str) -> int:
