@@ -148,16 +148,21 @@ class Overlay:
             await stack.enter_async_context(background_trio_service(overlay.pubsub))
             await stack.enter_async_context(background_trio_service(overlay.gossipsub))
             await stack.enter_async_context(background_trio_service(overlay.dht))
-            # Runs first on exit: with every connection closed, no peer's message can reach
-            # pubsub while its service stops (py-libp2p then spawns into a closed nursery).
-            stack.push_async_callback(overlay._close_connections)
+            # Runs first on exit: with pubsub's protocols unregistered and every connection
+            # closed, no peer's message can reach pubsub while its service stops (py-libp2p
+            # would spawn into a closed nursery). Closing alone was not enough: a peer that
+            # reconnected in between opened a new pubsub stream (a CI flake).
+            stack.push_async_callback(overlay._quiesce)
             await overlay.pubsub.wait_until_ready()
             housekeeping = await stack.enter_async_context(trio.open_nursery())
             housekeeping.start_soon(overlay._trim_gossip_state_forever)
             stack.callback(housekeeping.cancel_scope.cancel)
             yield overlay
 
-    async def _close_connections(self) -> None:
+    async def _quiesce(self) -> None:
+        for protocol in list(self.pubsub.protocols):
+            with contextlib.suppress(Exception):
+                self.host.remove_stream_handler(protocol)
         network = self.host.get_network()
         for peer in list(network.get_connections_map()):
             with contextlib.suppress(Exception):
