@@ -290,6 +290,10 @@ class Node:
             self.overlay.host, peer_id, stream_protocol(self.run_id, name), payload, limits
         )
 
+    async def forget_peer(self, peer_id: str) -> None:
+        """Make the next request to ``peer_id`` dial afresh (``Overlay.forget_peer``)."""
+        await self.overlay.forget_peer(peer_id)
+
     # -- status -------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:

@@ -10,7 +10,6 @@ verdict): both signed, so a trainer trusts neither this node nor the wire.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ from swarm.errors import NetworkError, RequestTimeout, SwarmError, ValidationErr
 from swarm.ledger import LedgerStore
 from swarm.messages import LedgerEvent, RolloutSubmission, Signed, Verdict, decode
 from swarm.net import StreamLimits
-from swarm.net.host import check_peer_id
 
 log = logging.getLogger(__name__)
 
@@ -160,14 +158,6 @@ class Validator:
             lambda: judge(submission, ctx, self.engine, counter_seen=counter_seen)
         )
 
-    async def _forget_connections(self, peer_id: str) -> None:
-        """Drop our connections to a trainer we cannot open a stream to. A trainer restarted on
-        the same address leaves a dead connection that py-libp2p keeps choosing; without it the
-        next attempt dials afresh (found by the netns test)."""
-        with contextlib.suppress(Exception):
-            network = self.node.overlay.host.get_network()
-            await network.close_peer(check_peer_id(peer_id))
-
     def _count(self, judgement: Judgement) -> None:
         self.stats.judged += 1
         if judgement.accepted:
@@ -218,7 +208,7 @@ class Validator:
                         exc,
                     )
                     if type(exc) is NetworkError:  # no stream at all, not a refusal or timeout
-                        await self._forget_connections(trainer)
+                        await self.node.forget_peer(trainer)
                     continue
                 self.ledger.mark_handed(submission_id, trainer)
             if failed:

@@ -189,6 +189,8 @@ class InferenceWorker:
                 verdict = decode(raw, Verdict)
             except (NetworkError, SwarmError) as exc:
                 log.warning("validator %s did not take the submission: %s", validator[-8:], exc)
+                if type(exc) is NetworkError:  # no stream at all: dial afresh next time
+                    await self.node.forget_peer(validator)
                 continue
             self.stats.submitted += 1
             if verdict.message.accepted:

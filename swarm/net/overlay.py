@@ -39,7 +39,14 @@ from swarm.errors import NetworkError, SwarmError
 from swarm.identity import NodeKey
 from swarm.messages import RoleAdvert, Signed
 from swarm.net.dial import DialPolicy, DialReport, dial_bootstrap
-from swarm.net.host import HostLimits, build_host, full_addrs, listen_addrs, parse_multiaddr
+from swarm.net.host import (
+    HostLimits,
+    build_host,
+    check_peer_id,
+    full_addrs,
+    listen_addrs,
+    parse_multiaddr,
+)
 from swarm.net.names import NAMESPACE, advert_key
 from swarm.net.records import Clock, RoleAdvertValidator, check_advert, wall_clock_ms
 
@@ -167,6 +174,19 @@ class Overlay:
         for peer in list(network.get_connections_map()):
             with contextlib.suppress(Exception):
                 await network.close_peer(peer)
+
+    async def forget_peer(self, peer_id: str) -> None:
+        """Close our connections to ``peer_id`` and drop it from py-libp2p's negative dial
+        cache, so the next stream to it dials afresh. For a peer we could not open a stream to
+        and retry on our own backoff: a peer restarted on the same address leaves a dead
+        connection that py-libp2p keeps choosing, and one dial that failed while it was down
+        blocks every dial to it for 60 s, long after it is back (both found by the netns
+        test). A general redial on every failed stream cut honest connections under a flood."""
+        with contextlib.suppress(Exception):
+            network = self.host.get_network()
+            peer = check_peer_id(peer_id)
+            await network.close_peer(peer)
+            network.unblock_peer(peer)
 
     # -- housekeeping -------------------------------------------------------------------------
 
