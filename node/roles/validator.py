@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 SAMPLES = "samples"
 RETRY_FIRST_S = 1.0  # outbox retry after a failed hand-off, doubling up to RETRY_MAX_S
 RETRY_MAX_S = 8.0
+PULL_EVERY_S = 1.0  # at most one policy pull prompted by submissions, per this interval
 SAMPLES_LIMITS = StreamLimits(
     max_request=RolloutSubmission.MAX_BYTES + Verdict.MAX_BYTES + 4096,
     max_response=1024,
@@ -65,6 +66,7 @@ class Validator:
         self._loaded: int | None = None
         self._lock = trio.Lock()
         self._handoff = trio.Event()
+        self._last_pull = -PULL_EVERY_S
 
     async def run(self) -> None:
         """Serve submissions, and fetch every announced version ahead of the work it brings."""
@@ -90,10 +92,15 @@ class Validator:
         if submission.signer != peer:
             raise ValidationError("a submission must come from the worker that signed it")
         known = self.node.policy.version
-        if known is None or submission.message.policy_version > known:
+        now = time.monotonic()
+        if (known is None or submission.message.policy_version > known) and (
+            now - self._last_pull >= PULL_EVERY_S
+        ):
             # Work of a version we have not heard of: gossip lost its announcement here. The
             # worker holds it (it generated on it), so ask it, then the trainers; without this
             # every submission is refused as outside the window and no new version ever comes.
+            # At most once a second: anyone can sign a submission naming version 10**9.
+            self._last_pull = now
             trainers = self.node.peers_by_role().get("trainer", [])
             await self.feed.pull([peer, *trainers])
         return (await self.handle(submission)).raw
