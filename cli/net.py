@@ -74,6 +74,14 @@ def run_async(fn: Callable[[], Awaitable[Any]]) -> Any:
         raise
 
 
+def run_until_stopped(fn: Callable[[], Awaitable[Any]]) -> None:
+    """``run_async`` for a long-lived command: Ctrl-C is the normal way out and says so."""
+    try:
+        run_async(fn)
+    except KeyboardInterrupt:
+        err_console.print("stopped", highlight=False)
+
+
 def _listen(home_listen: tuple[str, ...], listen: list[str] | None) -> list[str]:
     addrs = list(listen or home_listen)
     for addr in addrs:
@@ -134,10 +142,7 @@ def bootstrap(
                     highlight=False,
                 )
 
-    try:
-        run_async(main)
-    except KeyboardInterrupt:
-        err_console.print("stopped", highlight=False)
+    run_until_stopped(main)
 
 
 def join(
@@ -221,10 +226,7 @@ def join(
             )
             await _forever()
 
-    try:
-        run_async(main)
-    except KeyboardInterrupt:
-        err_console.print("stopped", highlight=False)
+    run_until_stopped(main)
 
 
 def announce(

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,14 +20,21 @@ from rich.progress import (
 )
 
 from cli.common import HomeOption, console, err_console, open_home
-from cli.net import BootstrapOption, ListenOption, _bootstrap_list, _listen, _logging, run_async
+from cli.net import (
+    BootstrapOption,
+    ListenOption,
+    _bootstrap_list,
+    _listen,
+    _logging,
+    run_until_stopped,
+)
 from node.run import load_genesis
 from node.runtime import Node, RuntimeConfig
 from node.shardcast import MIB, ShardcastService, open_store
 from swarm.errors import PeerError
-from swarm.messages import run_id_of
+from swarm.messages import RunGenesis, Signed, run_id_of
 from swarm.net import policy_topic
-from swarm.shardcast import FetchConfig, FetchProgress, publish
+from swarm.shardcast import FetchConfig, FetchProgress, ShardStore, publish
 from swarm.shardcast.datachannel import DataChannelConfig
 
 shardcast_app = typer.Typer(
@@ -45,16 +54,32 @@ DataHostOption = Annotated[
 DataPortOption = Annotated[int, typer.Option("--data-port", help="Data channel port (0: any).")]
 
 
-def _config(home: Any, run: Path, role: str, listen: Any, bootstrap: Any) -> RuntimeConfig:
+def _config(
+    home: Any, genesis: Signed[RunGenesis], role: str, listen: Any, bootstrap: Any
+) -> RuntimeConfig:
     settings = home.load_config()
     return RuntimeConfig(
         key=home.load_key(),
-        genesis=load_genesis(run),
+        genesis=genesis,
         role=role,  # type: ignore[arg-type]
         listen=_listen(settings.listen, listen),
         bootstrap=_bootstrap_list(bootstrap, settings.bootstrap),
         home=home,
     )
+
+
+@asynccontextmanager
+async def _serving(
+    config: RuntimeConfig, store: ShardStore, data_host: str, data_port: int
+) -> AsyncIterator[tuple[Node, ShardcastService]]:
+    """A node with SHARDCAST serving ``store`` (and its data channel on host:port)."""
+    async with (
+        Node.start(config) as node,
+        ShardcastService.start(
+            node, config.genesis, store, data_channel=DataChannelConfig(data_host, data_port)
+        ) as service,
+    ):
+        yield node, service
 
 
 @shardcast_app.command("publish")
@@ -98,17 +123,12 @@ def publish_cmd(
     )
     if not serve:
         return
-    config = _config(node_home, run, "trainer", listen, bootstrap_peers)
+    config = _config(node_home, genesis, "trainer", listen, bootstrap_peers)
     config.check()
     _logging(False)
 
     async def main() -> None:
-        async with (
-            Node.start(config) as node,
-            ShardcastService.start(
-                node, genesis, store, data_channel=DataChannelConfig(data_host, data_port)
-            ) as service,
-        ):
+        async with _serving(config, store, data_host, data_port) as (node, service):
             await service.advertise(version)
             topic = policy_topic(run_id_of(genesis))
             with trio.move_on_after(10):
@@ -122,10 +142,7 @@ def publish_cmd(
             )
             await trio.sleep_forever()
 
-    try:
-        run_async(main)
-    except KeyboardInterrupt:
-        err_console.print("stopped", highlight=False)
+    run_until_stopped(main)
 
 
 @shardcast_app.command("fetch")
@@ -152,17 +169,12 @@ def fetch_cmd(
     node_home = open_home(home)
     genesis = load_genesis(run)
     store = open_store(node_home.path, genesis, max_disk)
-    config = _config(node_home, run, "inference", listen, bootstrap_peers)
+    config = _config(node_home, genesis, "inference", listen, bootstrap_peers)
     config.check()
     _logging(False)
 
     async def main() -> None:
-        async with (
-            Node.start(config) as node,
-            ShardcastService.start(
-                node, genesis, store, data_channel=DataChannelConfig(data_host, data_port)
-            ) as service,
-        ):
+        async with _serving(config, store, data_host, data_port) as (_node, service):
             with trio.move_on_after(wait):
                 while not await service.providers(version):
                     await trio.sleep(0.2)
@@ -210,10 +222,7 @@ def fetch_cmd(
                 err_console.print("serving; Ctrl-C stops.", highlight=False)
                 await trio.sleep_forever()
 
-    try:
-        run_async(main)
-    except KeyboardInterrupt:
-        err_console.print("stopped", highlight=False)
+    run_until_stopped(main)
 
 
 def register(app: typer.Typer) -> None:

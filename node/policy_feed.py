@@ -109,12 +109,12 @@ class PolicyFeed:
                 except SwarmError:
                     continue
                 try:
-                    self.node.policy_gate.check(raw)
+                    signed = self.node.policy_gate.check(raw)
                 except SwarmError:
                     continue  # stale or duplicate: the usual answer, not worth a log line
-                if self.node.policy_gate.accept(raw) is not None:
-                    log.info("policy v%s learnt from %s", self.node.policy.version, peer[-8:])
-                    return True
+                self.node.policy_gate.keep(signed)
+                log.info("policy v%d learnt from %s", signed.message.version, peer[-8:])
+                return True
         return False
 
     def path_of(self, version: int) -> Path | None:

@@ -183,6 +183,12 @@ class PolicyGate:
             self.stats.rejected["policy", exc.reason] += 1
             log.info("refused policy gossip (%s)", exc)
             return None
+        self.keep(signed)
+        return signed
+
+    def keep(self, signed: Signed[PolicyAnnouncement]) -> None:
+        """Count and keep an announcement ``check`` passed (one that came by request rather
+        than gossip: a refusal there is the usual answer and is not counted or logged)."""
         self._seen.add(signed.id)
         self.tracker.offer(signed)
         self.stats.accepted["policy"] += 1
@@ -192,7 +198,6 @@ class PolicyGate:
             signed.message.manifest_id.hex()[:16],
             signed.signer,
         )
-        return signed
 
 
 class LedgerGate:
