@@ -1,6 +1,8 @@
 """Membership on loopback: 16 nodes and a bootstrap peer, one trio run (one process).
 
-    .venv/bin/python bench/membership.py [--json PATH] [--nodes 16] [--rounds 5]
+    .venv/bin/python bench/membership.py [--json PATH] [--nodes 16] [--rounds 5] [--procs]
+
+``--procs`` runs one process per node instead (``bench/membership_procs.py``).
 
 What it measures (all nodes are real py-libp2p hosts on 127.0.0.1, TCP + Noise + yamux, the
 runtime's defaults: gossip heartbeat 1 s, discovery every 3 s, found peers dialled):
@@ -25,7 +27,6 @@ the other 16 nodes' work on the same event loop.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import logging
@@ -33,8 +34,6 @@ import os
 import platform
 import resource
 import statistics
-import subprocess
-import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -54,6 +53,7 @@ from swarm.net.membership import RUN_ROLES
 
 LOOPBACK = ("/ip4/127.0.0.1/tcp/0",)
 GOALS = {"role_lookup_ms_p50": 100.0, "gossip_ms_p95": 250.0}
+DIAL = DialPolicy(attempts=3, timeout=5.0, backoff=0.2, max_backoff=1.0)
 
 
 def key_named(name: str) -> NodeKey:
@@ -71,6 +71,25 @@ def pct(values: list[float], q: float) -> float:
 def roles_for(n: int) -> list[str]:
     """One trainer, one validator, the rest inference workers."""
     return ["trainer", "validator", *["inference"] * (n - 2)]
+
+
+def genesis_and_keys(n: int) -> tuple[Signed[RunGenesis], list[NodeKey]]:
+    """The bench's run: node 0 trains, node 1 validates (``roles_for``)."""
+    keys = [key_named(f"node-{i}") for i in range(n)]
+    genesis = create_genesis(
+        key_named("owner"),
+        name="bench-membership",
+        trainers=[keys[0].peer_id],
+        validators=[keys[1].peer_id],
+        created_at=1,
+    )
+    return genesis, keys
+
+
+def quiet_logs() -> None:
+    logging.basicConfig(level=logging.CRITICAL)
+    for name in ("libp2p", "multiaddr", "swarm", "node", "bootstrap"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 PHASES: dict[str, list[float]] = {"providers": [], "adverts": []}
@@ -110,18 +129,47 @@ async def lookup_rounds(node: Node, rounds: int, roles: list[str]) -> tuple[list
     return ms, incomplete
 
 
+def figures(
+    n: int,
+    rounds: int,
+    *,
+    answers: list[float],
+    full_view_s: float,
+    sequential: list[float],
+    providers: list[float],
+    adverts: list[float],
+    concurrent: list[float],
+    incomplete: int,
+    gossip_ms: list[float],
+    missing: int,
+    missed: dict[str, list[int]],
+) -> dict[str, Any]:
+    """The result of either mode, from its raw samples."""
+    return {
+        "nodes": n,
+        "rounds": rounds,
+        "first_dht_answer_s": round(statistics.median(answers), 3),
+        "first_dht_answer_s_max": round(max(answers), 3),
+        "full_view_s": round(full_view_s, 3),
+        "role_lookup_ms_p50": round(pct(sequential, 50), 1),
+        "role_lookup_ms_p95": round(pct(sequential, 95), 1),
+        "role_lookup_samples": len(sequential),
+        "role_lookup_providers_ms_p50": round(pct(providers, 50), 1),
+        "role_lookup_adverts_ms_p50": round(pct(adverts, 50), 1),
+        "role_lookup_concurrent_ms_p50": round(pct(concurrent, 50), 1),
+        "role_lookup_concurrent_ms_p95": round(pct(concurrent, 95), 1),
+        "role_lookup_incomplete": incomplete,
+        "gossip_ms_p50": round(pct(gossip_ms, 50), 1),
+        "gossip_ms_p95": round(pct(gossip_ms, 95), 1),
+        "gossip_samples": len(gossip_ms),
+        "gossip_missing": missing,
+        "gossip_missed_nodes_by_version": missed,
+    }
+
+
 async def bench(n: int, rounds: int) -> dict[str, Any]:
-    owner = key_named("owner")
     roles = roles_for(n)
-    keys = [key_named(f"node-{i}") for i in range(n)]
-    genesis = create_genesis(
-        owner,
-        name="bench-membership",
-        trainers=[keys[0].peer_id],
-        validators=[keys[1].peer_id],
-        created_at=1,
-    )
-    dial = DialPolicy(attempts=3, timeout=5.0, backoff=0.2, max_backoff=1.0)
+    genesis, keys = genesis_and_keys(n)
     first_answer: dict[int, float] = {}
     nodes: list[Node] = []
     async with AsyncExitStack() as stack:
@@ -144,7 +192,7 @@ async def bench(n: int, rounds: int) -> dict[str, Any]:
                 role=roles[i],  # type: ignore[arg-type]
                 listen=LOOPBACK,
                 bootstrap=boot_addr,
-                dial=dial,
+                dial=DIAL,
             )
             node = await stack.enter_async_context(Node.start(config))
             nodes.append(node)
@@ -174,14 +222,9 @@ async def bench(n: int, rounds: int) -> dict[str, Any]:
 
         async def lookups(node: Node) -> None:
             nonlocal incomplete
-            for _ in range(rounds):
-                for role in RUN_ROLES:
-                    t0 = trio.current_time()
-                    found = await lookup_role(node, role)
-                    lookup_ms.append((trio.current_time() - t0) * 1000)
-                    want = roles.count(role) - (1 if role == node.role else 0)
-                    if found < want:
-                        incomplete += 1
+            ms, missed_roles = await lookup_rounds(node, rounds, roles)
+            lookup_ms.extend(ms)
+            incomplete += missed_roles
 
         for node in nodes:  # one lookup at a time: the latency of a lookup itself
             await lookups(node)
@@ -219,240 +262,20 @@ async def bench(n: int, rounds: int) -> dict[str, Any]:
             await trio.sleep(1.5)
 
     answers = [first_answer[i] for i in sorted(first_answer)]
-    return {
-        "nodes": n,
-        "rounds": rounds,
-        "first_dht_answer_s": round(statistics.median(answers), 3),
-        "first_dht_answer_s_max": round(max(answers), 3),
-        "full_view_s": round(full_view_s, 3),
-        "role_lookup_ms_p50": round(pct(sequential_ms, 50), 1),
-        "role_lookup_ms_p95": round(pct(sequential_ms, 95), 1),
-        "role_lookup_samples": len(sequential_ms),
-        "role_lookup_providers_ms_p50": round(pct(phases["providers"], 50), 1),
-        "role_lookup_adverts_ms_p50": round(pct(phases["adverts"], 50), 1),
-        "role_lookup_concurrent_ms_p50": round(pct(concurrent_ms, 50), 1),
-        "role_lookup_concurrent_ms_p95": round(pct(concurrent_ms, 95), 1),
-        "role_lookup_incomplete": incomplete,
-        "gossip_ms_p50": round(pct(gossip_ms, 50), 1),
-        "gossip_ms_p95": round(pct(gossip_ms, 95), 1),
-        "gossip_samples": len(gossip_ms),
-        "gossip_missing": missing,
-        "gossip_missed_nodes_by_version": missed,
-    }
-
-
-# -- one process per node (--procs) -----------------------------------------------------------
-
-
-def _genesis_and_keys(n: int) -> tuple[Signed[RunGenesis], list[NodeKey]]:
-    keys = [key_named(f"node-{i}") for i in range(n)]
-    genesis = create_genesis(
-        key_named("owner"),
-        name="bench-membership",
-        trainers=[keys[0].peer_id],
-        validators=[keys[1].peer_id],
-        created_at=1,
+    return figures(
+        n,
+        rounds,
+        answers=answers,
+        full_view_s=full_view_s,
+        sequential=sequential_ms,
+        providers=phases["providers"],
+        adverts=phases["adverts"],
+        concurrent=concurrent_ms,
+        incomplete=incomplete,
+        gossip_ms=gossip_ms,
+        missing=missing,
+        missed=missed,
     )
-    return genesis, keys
-
-
-def _say(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
-async def child(n: int, index: int, boot_addr: str) -> None:
-    """One node in its own process; commands on stdin, events on stdout (JSON lines).
-    Event times are ``time.monotonic()``, one clock for all processes (``trio.current_time``
-    has a random offset per run)."""
-    genesis, keys = _genesis_and_keys(n)
-    roles = roles_for(n)
-    config = RuntimeConfig(
-        key=keys[index],
-        genesis=genesis,
-        role=roles[index],  # type: ignore[arg-type]
-        listen=LOOPBACK,
-        bootstrap=(boot_addr,),
-        dial=DialPolicy(attempts=3, timeout=5.0, backoff=0.2, max_backoff=1.0),
-    )
-    began = trio.current_time()
-    async with Node.start(config) as node, trio.open_nursery() as nursery:
-        node.policy.on_change(
-            lambda s: _say({"ev": "policy", "v": s.message.version, "t": time.monotonic()})
-        )
-        _say({"ev": "up"})
-
-        async def first() -> None:
-            while not any(node.peers_by_role().values()):
-                await trio.sleep(0.005)
-            _say({"ev": "first", "s": trio.current_time() - began})
-
-        nursery.start_soon(first)
-        stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
-        buf = b""
-        while True:
-            data = await stdin.receive_some(4096)
-            if not data:
-                break
-            buf += data
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                cmd = json.loads(line)
-                if cmd["cmd"] == "view":
-                    found = {p for peers in node.peers_by_role().values() for p in peers}
-                    _say({"ev": "view", "n": len(found)})
-                elif cmd["cmd"] == "lookup":
-                    PHASES["providers"].clear()
-                    PHASES["adverts"].clear()
-                    ms, incomplete = await lookup_rounds(node, cmd["rounds"], roles)
-                    _say({"ev": "lookup", "ms": ms, "incomplete": incomplete, **PHASES})
-                elif cmd["cmd"] == "announce":
-                    t0 = time.monotonic()
-                    version = int(cmd["v"])
-                    await node.announce_policy(version, hashlib.sha256(bytes([version])).digest())
-                    _say({"ev": "announced", "v": version, "t": t0})
-        nursery.cancel_scope.cancel()
-
-
-class Child:
-    def __init__(self, proc: trio.Process) -> None:
-        self.proc = proc
-        self.events: dict[str, list[dict[str, Any]]] = {}
-        self.changed = trio.Event()
-
-    async def read(self) -> None:
-        assert self.proc.stdout is not None
-        buf = b""
-        while True:
-            data = await self.proc.stdout.receive_some(65536)
-            if not data:
-                return
-            buf += data
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                event = json.loads(line)
-                self.events.setdefault(event["ev"], []).append(event)
-                self.changed.set()
-                self.changed = trio.Event()
-
-    async def send(self, **cmd: Any) -> None:
-        assert self.proc.stdin is not None
-        await self.proc.stdin.send_all(json.dumps(cmd).encode() + b"\n")
-
-    async def wait(self, ev: str, count: int = 1) -> list[dict[str, Any]]:
-        while len(self.events.get(ev, ())) < count:
-            await self.changed.wait()
-        return self.events[ev]
-
-
-async def bench_procs(n: int, rounds: int) -> dict[str, Any]:
-    roles = roles_for(n)
-    children: list[Child] = []
-    async with (
-        BootstrapPeer.start(BootstrapConfig(key=key_named("boot"), listen=LOOPBACK)) as boot,
-        trio.open_nursery() as nursery,
-    ):
-        boot_addr = boot.addrs()[0]
-        argv = [sys.executable, __file__, "--child", "--nodes", str(n), "--boot", boot_addr]
-        try:
-            for i in range(n):
-                proc = await trio.lowlevel.open_process(
-                    [*argv, "--index", str(i)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-                )
-                child_ = Child(proc)
-                children.append(child_)
-                nursery.start_soon(child_.read)
-                with trio.fail_after(60):
-                    await child_.wait("up")
-            with trio.fail_after(120):
-                for c in children[1:]:
-                    await c.wait("first")
-            started_all = trio.current_time()
-            with trio.fail_after(180):
-                while True:
-                    asked = [len(c.events.get("view", ())) + 1 for c in children]
-                    for c in children:
-                        await c.send(cmd="view")
-                    pairs = zip(children, asked, strict=True)
-                    views = [(await c.wait("view", k))[-1] for c, k in pairs]
-                    if all(v["n"] >= n - 1 for v in views):
-                        break
-                    await trio.sleep(0.2)
-            full_view_s = trio.current_time() - started_all
-
-            sequential: list[float] = []
-            providers: list[float] = []
-            adverts: list[float] = []
-            incomplete = 0
-            for c in children:
-                await c.send(cmd="lookup", rounds=rounds)
-                answer = (await c.wait("lookup", 1))[-1]
-                sequential += answer["ms"]
-                providers += answer["providers"]
-                adverts += answer["adverts"]
-                incomplete += answer["incomplete"]
-            for c in children:
-                await c.send(cmd="lookup", rounds=rounds)
-            concurrent: list[float] = []
-            for c in children:
-                answer = (await c.wait("lookup", 2))[-1]
-                concurrent += answer["ms"]
-                incomplete += answer["incomplete"]
-
-            gossip_ms: list[float] = []
-            missing = 0
-            missed: dict[str, list[int]] = {}
-            trainer = children[0]
-            for version in range(1, rounds + 1):
-                await trainer.send(cmd="announce", v=version)
-                t0 = (await trainer.wait("announced", version))[-1]["t"]
-                with trio.move_on_after(10):
-                    for c in children[1:]:
-                        while not any(e["v"] == version for e in c.events.get("policy", ())):
-                            await c.changed.wait()
-                for i, c in enumerate(children[1:], start=1):
-                    times = [e["t"] for e in c.events.get("policy", ()) if e["v"] == version]
-                    if times:
-                        gossip_ms.append((times[0] - t0) * 1000)
-                    else:
-                        missing += 1
-                        missed.setdefault(str(version), []).append(i)
-                await trio.sleep(1.5)
-            answers = [c.events["first"][0]["s"] for c in children[1:]]
-        finally:
-            for c in children:
-                if c.proc.stdin is not None:
-                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                        await c.proc.stdin.aclose()
-            with trio.move_on_after(20):
-                for c in children:
-                    await c.proc.wait()
-            for c in children:
-                if c.proc.returncode is None:
-                    c.proc.kill()
-            nursery.cancel_scope.cancel()
-    del roles
-    return {
-        "nodes": n,
-        "rounds": rounds,
-        "mode": "one process per node",
-        "first_dht_answer_s": round(statistics.median(answers), 3),
-        "first_dht_answer_s_max": round(max(answers), 3),
-        "full_view_s": round(full_view_s, 3),
-        "role_lookup_ms_p50": round(pct(sequential, 50), 1),
-        "role_lookup_ms_p95": round(pct(sequential, 95), 1),
-        "role_lookup_samples": len(sequential),
-        "role_lookup_providers_ms_p50": round(pct(providers, 50), 1),
-        "role_lookup_adverts_ms_p50": round(pct(adverts, 50), 1),
-        "role_lookup_concurrent_ms_p50": round(pct(concurrent, 50), 1),
-        "role_lookup_concurrent_ms_p95": round(pct(concurrent, 95), 1),
-        "role_lookup_incomplete": incomplete,
-        "gossip_ms_p50": round(pct(gossip_ms, 50), 1),
-        "gossip_ms_p95": round(pct(gossip_ms, 95), 1),
-        "gossip_samples": len(gossip_ms),
-        "gossip_missing": missing,
-        "gossip_missed_nodes_by_version": missed,
-    }
 
 
 def main() -> None:
@@ -463,22 +286,19 @@ def main() -> None:
     parser.add_argument(
         "--procs", action="store_true", help="one process per node (default: one trio run)"
     )
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--boot", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.CRITICAL)
-    for name in ("libp2p", "multiaddr", "swarm", "node", "bootstrap"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    quiet_logs()
     if args.nodes < 3:
         parser.error("--nodes must be at least 3 (trainer, validator, one worker)")
 
     cpu0 = time.process_time()
     wall0 = time.monotonic()
-    if args.child:
-        trio.run(child, args.nodes, args.index, args.boot)
-        return
-    result = trio.run(bench_procs if args.procs else bench, args.nodes, args.rounds)
+    if args.procs:
+        from membership_procs import bench_procs  # imports this module: no cycle at load
+
+        result = trio.run(bench_procs, args.nodes, args.rounds)
+    else:
+        result = trio.run(bench, args.nodes, args.rounds)
     children_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     result["cpu_s"] = round(
         time.process_time() - cpu0 + children_cpu.ru_utime + children_cpu.ru_stime, 1
