@@ -28,22 +28,31 @@ async def two_nodes(net: NetFactory) -> tuple[Node, Node]:
     return trainer, receiver
 
 
+def published(
+    net: NetFactory, tmp_path: Path, size: int, store: ShardStore, version: int = 1
+) -> Path:
+    """A checkpoint of ``size`` bytes, published by the genesis trainer into ``store`` in
+    64 KiB shards; returns the checkpoint (what every fetch must reproduce)."""
+    ckpt = checkpoint(tmp_path / "policy.safetensors", size)
+    publish(
+        ckpt,
+        key=net.trainer_keys[0],
+        genesis=net.genesis,
+        version=version,
+        store=store,
+        shard_size=65_536,
+    )
+    return ckpt
+
+
 @pytest.mark.parametrize("offer_channel", [True, False])
 async def test_a_node_fetches_a_published_version_from_the_trainer(
     tmp_path: Path, offer_channel: bool
 ) -> None:
     async with trio.open_nursery() as nursery, NetFactory() as net:
         trainer, receiver = await two_nodes(net)
-        ckpt = checkpoint(tmp_path / "policy.safetensors", 300_000)
         store = ShardStore(tmp_path / "trainer")
-        publish(
-            ckpt,
-            key=net.trainer_keys[0],
-            genesis=net.genesis,
-            version=1,
-            store=store,
-            shard_size=65_536,
-        )
+        ckpt = published(net, tmp_path, 300_000, store)
         server = ShardServer(store)
         channel = None
         if offer_channel:
@@ -76,16 +85,8 @@ async def test_bad_stream_requests_are_refused_and_the_server_keeps_serving(
 ) -> None:
     async with NetFactory() as net:
         trainer, receiver = await two_nodes(net)
-        ckpt = checkpoint(tmp_path / "policy.safetensors", 100_000)
         store = ShardStore(tmp_path / "trainer")
-        publish(
-            ckpt,
-            key=net.trainer_keys[0],
-            genesis=net.genesis,
-            version=1,
-            store=store,
-            shard_size=65_536,
-        )
+        ckpt = published(net, tmp_path, 100_000, store)
         serve_shardcast(trainer, ShardServer(store))
         source = StreamShardSource(receiver, data_channel=False)
         with pytest.raises(PeerError, match="not held"):
@@ -118,16 +119,8 @@ async def test_fetched_versions_are_advertised_and_re_served(tmp_path: Path) -> 
         second = await net.node("inference")
         await wait_until(lambda: first.peers_by_role().get("trainer"), 20)
         await wait_until(lambda: second.peers_by_role().get("trainer"), 20)
-        ckpt = checkpoint(tmp_path / "policy.safetensors", 300_000)
         stores = {n: ShardStore(tmp_path / n) for n in ("trainer", "first", "second")}
-        publish(
-            ckpt,
-            key=net.trainer_keys[0],
-            genesis=net.genesis,
-            version=2,
-            store=stores["trainer"],
-            shard_size=65_536,
-        )
+        ckpt = published(net, tmp_path, 300_000, stores["trainer"], version=2)
         channel = DataChannelConfig()
         async with (
             ShardcastService.start(
@@ -154,16 +147,8 @@ async def _has(service: object, peer: str) -> bool:
 async def test_an_unreachable_data_channel_falls_back_to_the_shard_stream(tmp_path: Path) -> None:
     async with NetFactory() as net:
         trainer, receiver = await two_nodes(net)
-        ckpt = checkpoint(tmp_path / "policy.safetensors", 200_000)
         store = ShardStore(tmp_path / "trainer")
-        publish(
-            ckpt,
-            key=net.trainer_keys[0],
-            genesis=net.genesis,
-            version=1,
-            store=store,
-            shard_size=65_536,
-        )
+        ckpt = published(net, tmp_path, 200_000, store)
         server = ShardServer(store)
         channel = DataChannelServer(server)
         async with trio.open_nursery() as nursery:
