@@ -52,6 +52,8 @@ class Judgement:
             rewards=tuple(round(r * REWARD_SCALE) for r in self.rewards),
             created_at=created_at,
             metrics=self.metrics,
+            policy_version=submission.message.policy_version,
+            counter=submission.message.counter,
         )
 
 

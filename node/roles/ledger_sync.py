@@ -17,7 +17,7 @@ import trio
 from node.runtime import Node
 from swarm.errors import MalformedError, PeerError, SwarmError
 from swarm.ledger import LedgerStore
-from swarm.messages import LedgerEvent, Signed, decode
+from swarm.messages import LedgerEvent, Signed, Verdict, decode
 from swarm.net import StreamLimits
 
 log = logging.getLogger(__name__)
@@ -44,11 +44,13 @@ class LedgerReplica:
         self.synced_events = 0
 
     async def _on_gossip(self, signed: Signed[Any]) -> None:
-        if signed.envelope.kind == LedgerEvent.KIND:
-            try:
+        try:
+            if signed.envelope.kind == LedgerEvent.KIND:
                 self.store.add([signed])
-            except SwarmError as exc:
-                log.warning("ledger event refused: %s", exc)
+            elif signed.envelope.kind == Verdict.KIND:
+                self.store.add_verdict(signed)
+        except SwarmError as exc:
+            log.warning("%s refused: %s", signed.envelope.kind, exc)
 
     async def _on_sync(self, peer: str, body: bytes) -> bytes:
         try:

@@ -59,5 +59,6 @@ def record_judgement(
         store.add_evidence("verdict", submission.id, verdict.raw)
         for earlier in related or []:
             store.add_evidence("submission", submission.id, earlier.raw)
+        store.add_verdict(verdict)
     store.add(events)
     return Recorded(verdict, events)

@@ -5,7 +5,7 @@ matter, so replicas converge by exchanging missing events); ``store`` keeps the 
 """
 
 from swarm.ledger.fold import Balances, fold
-from swarm.ledger.rules import check_event
+from swarm.ledger.rules import check_event, check_verdict
 from swarm.ledger.store import LedgerStore
 
-__all__ = ["Balances", "LedgerStore", "check_event", "fold"]
+__all__ = ["Balances", "LedgerStore", "check_event", "check_verdict", "fold"]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from swarm.errors import StorageError
 from swarm.ledger.fold import Balances, fold
-from swarm.ledger.rules import check_event
-from swarm.messages import LedgerEvent, RunGenesis, Signed, decode, run_id_of
+from swarm.ledger.rules import check_event, check_verdict
+from swarm.messages import LedgerEvent, RunGenesis, Signed, Verdict, decode, run_id_of
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
@@ -48,6 +48,22 @@ CREATE TABLE IF NOT EXISTS handoffs (
     delivered INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (submission, trainer)
 );
+CREATE TABLE IF NOT EXISTS verdicts (
+    id BLOB PRIMARY KEY,
+    submission BLOB NOT NULL,
+    worker TEXT NOT NULL,
+    validator TEXT NOT NULL,
+    accepted INTEGER NOT NULL,
+    severity TEXT NOT NULL,
+    samples INTEGER NOT NULL,
+    reward_sum INTEGER NOT NULL,
+    policy_version INTEGER NOT NULL,
+    counter INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    raw BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS verdicts_worker ON verdicts (worker);
+CREATE INDEX IF NOT EXISTS verdicts_version ON verdicts (policy_version);
 CREATE TABLE IF NOT EXISTS requests (
     worker TEXT NOT NULL,
     version INTEGER NOT NULL,
@@ -155,6 +171,34 @@ class LedgerStore:
             )
         except sqlite3.DatabaseError as exc:
             raise StorageError(f"ledger {self.path}: write failed: {exc}") from exc
+
+    def add_verdict(self, verdict: Signed[Verdict]) -> bool:
+        """Keep a verdict (our own or one gossiped by another validator): the per-worker
+        accepted/rejected counts and the reward per policy version read this table. Raises
+        unless a genesis validator signed it for this run; False when it was known."""
+        check_verdict(verdict, self.genesis)
+        v = verdict.message
+        try:
+            cursor = self._db.execute(
+                "INSERT OR IGNORE INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    verdict.id,
+                    v.submission_id,
+                    v.worker,
+                    verdict.signer,
+                    int(v.accepted),
+                    v.severity,
+                    len(v.rewards),
+                    sum(v.rewards),
+                    v.policy_version,
+                    v.counter,
+                    v.created_at,
+                    verdict.raw,
+                ),
+            )
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(f"ledger {self.path}: write failed: {exc}") from exc
+        return bool(cursor.rowcount)
 
     def evidence(self, subject: bytes, kind: str | None = None) -> list[bytes]:
         """Envelope bytes of the evidence about ``subject`` (optionally of one kind)."""

@@ -106,6 +106,11 @@ class Verdict:
     rewards: tuple[int, ...]
     created_at: int
     metrics: Mapping[str, int | str] = field(default_factory=dict)
+    policy_version: int = -1
+    """The judged submission's policy version and request counter (-1 in verdicts made before
+    these fields existed): what the ledger's one-credit-per-assignment rule and the reward curve
+    per version read without the submission at hand."""
+    counter: int = -1
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -118,6 +123,8 @@ class Verdict:
             "rewards": list(self.rewards),
             "created_at": self.created_at,
             "metrics": dict(self.metrics),
+            "policy_version": self.policy_version,
+            "counter": self.counter,
         }
 
     @classmethod
@@ -139,4 +146,6 @@ class Verdict:
             rewards=f.seq("rewards", typed(int, "rewards")),
             created_at=f.integer("created_at", minimum=0),
             metrics=metrics,
+            policy_version=f.integer("policy_version", -1, minimum=-1),
+            counter=f.integer("counter", -1, minimum=-1),
         )

@@ -17,7 +17,7 @@ from node.run import create_genesis, write_genesis
 from swarm.errors import NotAuthorizedError, StorageError, ValidationError
 from swarm.identity import NodeKey
 from swarm.ledger import LedgerStore, fold
-from swarm.messages import LedgerEvent, RunParams, Signed, run_id_of, sign
+from swarm.messages import LedgerEvent, RunParams, Signed, Verdict, run_id_of, sign
 
 OWNER = NodeKey.from_seed(b"\x01" * 32)
 VALIDATOR = NodeKey.from_seed(b"\x02" * 32)
@@ -202,3 +202,30 @@ def test_store_survives_kill_9_with_whole_batches(tmp_path: Path) -> None:
     count = len(store)
     assert count >= 50 and count % 10 == 0  # only whole batches, never half of one
     assert store.balances().of(WORKERS[0]) == 100 + count
+
+
+def _verdict(by: NodeKey, *, run: str = RUN, accepted: bool = True) -> Signed[Verdict]:
+    return sign(
+        Verdict(run, bytes(32), WORKERS[0], accepted, "none", (), (500_000, 0), 5, {}, 3, 7),
+        by,
+    )
+
+
+def test_a_validators_verdict_is_kept_once_with_its_version_and_counter(tmp_path: Path) -> None:
+    store = LedgerStore(tmp_path / "l.db", GENESIS)
+    verdict = _verdict(VALIDATOR)
+    assert store.add_verdict(verdict) is True
+    assert store.add_verdict(verdict) is False
+    row = store._db.execute(
+        "SELECT worker, accepted, samples, reward_sum, policy_version, counter FROM verdicts"
+    ).fetchall()
+    assert row == [(WORKERS[0], 1, 2, 500_000, 3, 7)]
+
+
+def test_a_verdict_from_a_non_validator_or_another_run_is_refused(tmp_path: Path) -> None:
+    store = LedgerStore(tmp_path / "l.db", GENESIS)
+    with pytest.raises(NotAuthorizedError):
+        store.add_verdict(_verdict(TRAINER))
+    with pytest.raises(ValidationError):
+        store.add_verdict(_verdict(VALIDATOR, run="0" * 32))
+    assert store._db.execute("SELECT count(*) FROM verdicts").fetchone() == (0,)
