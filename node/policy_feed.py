@@ -23,7 +23,7 @@ from typing import Any
 import trio
 
 from node.runtime import Node
-from node.shardcast import ShardcastService
+from node.shardcast import ShardcastService, channel_host
 from swarm.errors import PeerError, SwarmError, ValidationError
 from swarm.messages import PolicyAnnouncement, ShardManifest, Signed
 from swarm.net import StreamLimits
@@ -63,7 +63,8 @@ class PolicyFeed:
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Serve shards and the newest announcement; catch up on the policy until cancelled."""
-        channel = DataChannelConfig() if self.data_channel else None
+        listen = self.node.config.listen
+        channel = DataChannelConfig(host=channel_host(listen)) if self.data_channel else None
         async with ShardcastService.start(
             self.node, self.node.config.genesis, self.store, data_channel=channel
         ) as service:

@@ -34,6 +34,7 @@ from swarm.identity import NodeKey
 from swarm.messages import PolicyAnnouncement, Role, RunGenesis, Signed, decode_any, run_id_of, sign
 from swarm.net import (
     DialPolicy,
+    DirectPath,
     GossipStats,
     LedgerGate,
     Membership,
@@ -289,6 +290,10 @@ class Node:
         return await request(
             self.overlay.host, peer_id, stream_protocol(self.run_id, name), payload, limits
         )
+
+    def direct_path(self, peer_id: str) -> DirectPath | None:
+        """Both IP addresses of our direct connection to ``peer_id`` (None: none, or relayed)."""
+        return self.overlay.direct_path(peer_id)
 
     async def forget_peer(self, peer_id: str) -> None:
         """Make the next request to ``peer_id`` dial afresh (``Overlay.forget_peer``)."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,19 @@ def version_provider_key(run_id: str, version: int) -> str:
     return (bytes([0x12, 0x20]) + hashlib.sha256(name).digest()).hex()
 
 
+def channel_host(listen: Sequence[str]) -> str:
+    """Where the data channel listens: the IP of the node's libp2p listen addresses (its own
+    interfaces, so peers on other hosts reach it), the wildcard when they name several."""
+    hosts = {
+        parts[2]
+        for addr in listen
+        if len(parts := addr.split("/")) > 2 and parts[1] in ("ip4", "ip6")
+    }
+    if len(hosts) == 1:
+        return hosts.pop()
+    return "::" if hosts and all(":" in h for h in hosts) else "0.0.0.0"
+
+
 def open_store(home: Path, genesis: Signed[RunGenesis], max_disk_mib: int | None) -> ShardStore:
     """The run's store: keeps ``async_level + 1`` versions (plus pinned), within ``max_disk``."""
     return ShardStore(
@@ -66,6 +79,11 @@ class ShardcastService:
     server: ShardServer
     channel: DataChannelServer | None
     progress: FetchProgress | None = None
+    paths: dict[str, int] = field(
+        default_factory=lambda: {"data_channel": 0, "stream": 0, "refused_offers": 0}
+    )
+    """Shards fetched over each path since start, and data channel offers refused."""
+    last_fetch: dict[str, Any] | None = None
 
     @classmethod
     @asynccontextmanager
@@ -162,8 +180,29 @@ class ShardcastService:
             )
         finally:
             source.close()
+            self._count_paths(source, version)
         await self.advertise(manifest.message.version)
         return result
+
+    def _count_paths(self, source: StreamShardSource, version: int | None) -> None:
+        """Say which path the download's shards took (status and the log)."""
+        self.paths["data_channel"] += source.channel_pulls
+        self.paths["stream"] += source.stream_pulls
+        self.paths["refused_offers"] += source.refused_offers
+        self.last_fetch = {
+            "version": version,
+            "data_channel_shards": source.channel_pulls,
+            "stream_shards": source.stream_pulls,
+            "refused_offers": source.refused_offers,
+        }
+        if source.channel_pulls or source.stream_pulls:
+            log.info(
+                "policy v%s: %d shards over data channels, %d over libp2p streams%s",
+                "?" if version is None else version,
+                source.channel_pulls,
+                source.stream_pulls,
+                f" ({source.refused_offers} offers refused)" if source.refused_offers else "",
+            )
 
     def status(self) -> dict[str, Any]:
         """For ``swarm-node status``: stored versions, the current fetch, what was served."""
@@ -182,4 +221,7 @@ class ShardcastService:
             "served_bytes": self.server.served_bytes,
             "served_shards": self.server.served_shards,
             "data_channel_port": None if self.channel is None else self.channel.port,
+            "data_channel_host": None if self.channel is None else self.channel.config.host,
+            "paths": dict(self.paths),
+            "last_fetch": self.last_fetch,
         }

@@ -8,6 +8,7 @@ Modules, each one thing:
 - ``gossip``: topic gates (policy, ledger), ``PolicyTracker``, counters by reason;
 - ``streams``: length-framed request/response with size limits and deadlines;
 - ``dial``: bootstrap dialing with backoff and per-address reasons;
+- ``paths``: the two IP addresses of a direct connection (for SHARDCAST's data channel);
 - ``overlay``: host + DHT + GossipSub + AutoNAT + ping, started and stopped together;
 - ``membership``: publish our RoleAdvert and provider record, find peers by role.
 
@@ -37,6 +38,7 @@ from swarm.net.names import (
     stream_protocol,
 )
 from swarm.net.overlay import Overlay, OverlayConfig
+from swarm.net.paths import DirectPath, same_ip
 from swarm.net.records import RoleAdvertValidator, check_advert
 from swarm.net.streams import StreamLimits, StreamServer, request, serve
 
@@ -46,6 +48,7 @@ __all__ = [
     "REASONS",
     "DialPolicy",
     "DialReport",
+    "DirectPath",
     "GossipStats",
     "HostLimits",
     "LedgerGate",
@@ -72,6 +75,7 @@ __all__ = [
     "policy_topic",
     "request",
     "role_provider_key",
+    "same_ip",
     "serve",
     "stream_protocol",
 ]

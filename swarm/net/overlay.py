@@ -48,6 +48,7 @@ from swarm.net.host import (
     parse_multiaddr,
 )
 from swarm.net.names import NAMESPACE, advert_key
+from swarm.net.paths import DirectPath, direct_path
 from swarm.net.records import Clock, RoleAdvertValidator, check_advert, wall_clock_ms
 
 log = logging.getLogger(__name__)
@@ -223,6 +224,11 @@ class Overlay:
 
     def connected_peers(self) -> list[str]:
         return [str(p) for p in self.host.get_connected_peers()]
+
+    def direct_path(self, peer_id: str) -> DirectPath | None:
+        """Both IP addresses of our direct connection to ``peer_id``; ``None`` when we have
+        none or only a relayed one (``swarm.net.paths``)."""
+        return direct_path(self.host, peer_id)
 
     def reachability(self) -> str:
         status = self.autonat.get_status()

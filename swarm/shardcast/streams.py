@@ -8,17 +8,30 @@ otherwise (relayed peers, NAT, a refused or failing channel) over the shard stre
 pieces of at most ``MAX_PIECE`` so neither side holds more than a piece in memory. A peer whose
 data channel fails is not asked for one again during this source's life.
 
+Who may be connected to (the data channel is plain TCP outside libp2p, so this is where a peer
+could aim us at a third host):
+- the server offers its channel only over a *direct* libp2p connection, at the local address
+  that connection arrived on, and only when the channel listens there (``offer_host``); over a
+  relayed connection, or to an asker that reached an address the channel does not listen on,
+  it refuses and the asker uses streams;
+- the client connects only to the IP address of its current direct libp2p connection to the
+  peer, at the offered port; an offer naming any other host is refused (``refused_offers``),
+  logged, and the shard comes over streams.
+
 The node side is reached through ``StreamEndpoint`` (``handle``/``request``, what
 ``node.runtime.Node`` offers), so this module never imports the runtime.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from swarm.errors import MalformedError, NetworkError, PeerError, SwarmError
 from swarm.messages import ShardManifest
+from swarm.net.paths import DirectPath, same_ip
 from swarm.net.streams import StreamLimits
 from swarm.shardcast.datachannel import DataChannelServer, DataChannelSource
 from swarm.shardcast.protocol import (
@@ -39,7 +52,9 @@ MANIFEST_LIMITS = StreamLimits(
 )
 SHARD_LIMITS = StreamLimits(max_request=4096, max_response=MAX_PIECE + 1024, timeout=30.0)
 _NOT_HELD = "not held"
+_WILDCARDS = ("0.0.0.0", "::", "")
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class StreamEndpoint(Protocol):
@@ -56,6 +71,30 @@ class StreamEndpoint(Protocol):
         self, peer_id: str, name: str, payload: bytes, limits: StreamLimits = ...
     ) -> bytes: ...
 
+    def direct_path(self, peer_id: str) -> DirectPath | None: ...
+
+
+def offer_host(bound: str, path: DirectPath | None, advertised: str | None = None) -> str | None:
+    """The host to offer an asker whose connection to us is ``path``, for a channel bound to
+    ``bound``; ``None`` when the asker cannot reach the channel directly.
+
+    ``advertised`` (a public address that a NAT forwards to us) is offered only to an asker that
+    came from a global address to one of our private ones, i.e. through that NAT."""
+    if path is None:
+        return None  # relayed or unknown: only libp2p streams reach us
+    if bound not in _WILDCARDS and not same_ip(bound, path.local_ip):
+        return None  # the channel listens elsewhere than where the asker reached us
+    if advertised and _private(path.local_ip) and not _private(path.remote_ip):
+        return advertised
+    return path.local_ip
+
+
+def _private(ip: str) -> bool:
+    try:
+        return not ipaddress.ip_address(ip).is_global
+    except ValueError:
+        return True
+
 
 def serve_shardcast(
     endpoint: StreamEndpoint,
@@ -64,7 +103,8 @@ def serve_shardcast(
     advertised_host: str | None = None,
 ) -> None:
     """Serve the manifest and shard protocols from ``server``; offer ``channel`` (when given)
-    at ``advertised_host`` (default: the channel's bind address)."""
+    to askers that can reach it directly (``offer_host``; ``advertised_host`` is a public
+    address a NAT forwards to the channel)."""
 
     async def on_manifest(peer: str, body: bytes) -> bytes:
         request = ManifestRequest.from_bytes(body)
@@ -79,7 +119,9 @@ def serve_shardcast(
         if request.op == "channel":
             if channel is None or not channel.port:
                 raise PeerError("this node offers no data channel; use the shard stream")
-            host = advertised_host or channel.config.host
+            host = offer_host(channel.config.host, endpoint.direct_path(peer), advertised_host)
+            if host is None:
+                raise PeerError("no data channel reachable over this connection; use the stream")
             return ChannelOffer(host, channel.port, server.issue_token(peer)).to_bytes()
         return _refuse_not_held(
             lambda: server.read(request.version, request.index, request.offset, request.length)
@@ -114,6 +156,7 @@ class StreamShardSource:
         self._no_channel: set[str] = set()
         self.stream_pulls = 0
         self.channel_pulls = 0
+        self.refused_offers = 0
 
     async def _ask(self, peer: str, name: str, body: bytes, limits: StreamLimits) -> bytes:
         try:
@@ -136,12 +179,25 @@ class StreamShardSource:
         return None if holdings.complete else holdings.bits
 
     async def _negotiate(self, peer: str) -> tuple[str, int, bytes]:
+        path = self.endpoint.direct_path(peer)
+        if path is None:
+            raise NetworkError(f"no direct connection to {peer}: shard bytes go over streams")
         answer = await self._ask(peer, SHARD, ShardRequest("channel", 0).to_bytes(), SHARD_LIMITS)
         try:
             offer = ChannelOffer.from_bytes(answer)
         except MalformedError as exc:
             raise PeerError(f"{peer} sent a bad data channel offer: {exc}") from exc
-        return offer.host, offer.port, offer.token
+        if not same_ip(offer.host, path.remote_ip):
+            self.refused_offers += 1
+            log.warning(
+                "refused the data channel offer of %s: it names host %s, but our connection to"
+                " it is with %s; fetching its shards over libp2p streams",
+                peer[-8:],
+                offer.host[:64],
+                path.remote_ip,
+            )
+            raise PeerError(f"{peer} offered a data channel at another host ({offer.host[:64]})")
+        return path.remote_ip, offer.port, offer.token
 
     async def pull(self, peer: str, version: int, index: int, sink: ShardSink) -> None:
         if self.data_channel and peer not in self._no_channel and sink.received == 0:

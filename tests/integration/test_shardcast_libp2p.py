@@ -138,6 +138,14 @@ async def test_fetched_versions_are_advertised_and_re_served(tmp_path: Path) -> 
             assert again.path.read_bytes() == ckpt.read_bytes()
             assert a.status()["served_shards"] + origin.status()["served_shards"] > 0
             assert b.status()["versions"][0]["complete"]
+            # status says which path the shards took: all over data channels on loopback
+            shards = got.fetched_shards
+            assert a.status()["last_fetch"]["data_channel_shards"] == shards
+            assert b.status()["paths"] == {
+                "data_channel": shards,
+                "stream": 0,
+                "refused_offers": 0,
+            }
 
 
 async def _has(service: object, peer: str) -> bool:
@@ -170,3 +178,59 @@ async def test_an_unreachable_data_channel_falls_back_to_the_shard_stream(tmp_pa
         assert source.channel_pulls == 0
         assert result.progress.board is not None
         assert result.progress.board.stats[trainer.peer_id].failures == 0
+
+
+async def test_a_data_channel_offer_naming_another_host_is_refused_for_streams(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer that names a third host in its offer never gets us to connect there: the offer is
+    refused (counted, logged) and every shard comes over the libp2p stream instead."""
+    from swarm.shardcast import streams
+
+    monkeypatch.setattr(streams, "offer_host", lambda *_: "192.0.2.7")  # TEST-NET-1
+    async with trio.open_nursery() as nursery, NetFactory() as net:
+        trainer, receiver = await two_nodes(net)
+        store = ShardStore(tmp_path / "trainer")
+        ckpt = published(net, tmp_path, 200_000, store)
+        server = ShardServer(store)
+        channel = DataChannelServer(server)
+        await nursery.start(channel.run)
+        serve_shardcast(trainer, server, channel)
+        source = StreamShardSource(receiver)
+        manifest = await fetch_manifest(source, [trainer.peer_id], net.genesis, 1)
+        result = await fetch_version(
+            ShardStore(tmp_path / "rx"),
+            manifest,
+            source,
+            [trainer.peer_id],
+            config=FetchConfig(stall_timeout=10),
+            rng=random.Random(0),
+        )
+        assert result.path.read_bytes() == ckpt.read_bytes()
+        assert source.refused_offers >= 1  # pulls run in parallel: each may have asked
+        assert source.channel_pulls == 0 and channel.connections == 0
+        assert source.stream_pulls == len(manifest.message.shard_hashes)
+        nursery.cancel_scope.cancel()
+
+
+def test_the_channel_is_offered_only_where_the_asker_reached_us() -> None:
+    from swarm.net import DirectPath
+    from swarm.shardcast.streams import offer_host
+
+    lan = DirectPath(local_ip="10.77.0.2", remote_ip="10.77.0.3")
+    assert offer_host("0.0.0.0", lan) == "10.77.0.2"
+    assert offer_host("10.77.0.2", lan) == "10.77.0.2"
+    assert offer_host("127.0.0.1", lan) is None  # bound to loopback: not reachable from a LAN
+    assert offer_host("0.0.0.0", None) is None  # relayed (or unknown): streams only
+    natted = DirectPath(local_ip="192.168.1.5", remote_ip="93.184.216.34")
+    assert offer_host("0.0.0.0", natted) == "192.168.1.5"
+    assert offer_host("0.0.0.0", natted, advertised="203.0.113.5") == "203.0.113.5"
+    assert offer_host("0.0.0.0", lan, advertised="203.0.113.5") == "10.77.0.2"
+
+
+async def test_a_node_knows_both_ends_of_its_direct_connection(tmp_path: Path) -> None:
+    async with NetFactory() as net:
+        trainer, receiver = await two_nodes(net)
+        path = await wait_until(lambda: receiver.direct_path(trainer.peer_id), 10)
+        assert path.local_ip == "127.0.0.1" and path.remote_ip == "127.0.0.1"
+        assert receiver.direct_path(net.owner.peer_id) is None  # never connected

@@ -339,6 +339,11 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
     # The swarm trains across hosts: the worker downloads versions and the policy advances.
     wait_for(lambda: policy_version(swarm, "worker") >= 1, 240, "policy v1 at the worker", swarm)
     wait_for(lambda: download_complete(swarm, "worker", 1), 60, "the worker's download", swarm)
+    # Between hosts the shard bytes take the data channel, at the trainer's address on the
+    # bridge, never the libp2p stream fallback.
+    paths = swarm.status("worker")["role_status"]["shardcast"]["paths"]  # type: ignore[index]
+    assert paths["data_channel"] > 0 and paths["stream"] == 0, paths
+    assert paths["refused_offers"] == 0, paths
 
     # 1. kill -9 the worker and restart it on its home.
     before = policy_version(swarm, "trainer")
