@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from node.compute.engine import Engine
-from node.compute.grpo import Group
 from node.model import tokenizer
 from node.rl.rollout import sample_index, score
 from node.tasks.suite import TaskSuite
@@ -38,8 +37,6 @@ class Judgement:
     reasons: list[str]
     rewards: list[float] = field(default_factory=list)
     metrics: dict[str, int | str] = field(default_factory=dict)
-    groups: list[Group] = field(default_factory=list)
-    """Accepted samples as GRPO groups, for the trainer."""
 
     def verdict(self, submission: Signed[RolloutSubmission], created_at: int) -> Verdict:
         return Verdict(
@@ -146,11 +143,17 @@ def judge(
     engine: Engine,
     *,
     counter_seen: bool,
+    prechecked: bool = False,
 ) -> Judgement:
-    """Judge ``submission``; ``engine`` must hold its policy version's weights."""
-    early = precheck(submission, ctx, counter_seen=counter_seen)
-    if early is not None:
-        return early
+    """Judge ``submission``; ``engine`` must hold its policy version's weights.
+
+    ``prechecked``: the caller ran ``precheck`` already (and it decided nothing), so the
+    submission passes each check once; auditors and tests leave it False.
+    """
+    if not prechecked:
+        early = precheck(submission, ctx, counter_seen=counter_seen)
+        if early is not None:
+            return early
     s = submission.message
     p = ctx.params
     g = p.group_size
@@ -193,14 +196,5 @@ def judge(
     rewards = [
         score(ctx.suite, prompt_ids[j // g], list(x.tokens), p) for j, x in enumerate(s.samples)
     ]
-    groups = [
-        Group(
-            prompts[i],
-            [list(x.tokens) for x in s.samples[i * g : (i + 1) * g]],
-            rewards[i * g : (i + 1) * g],
-            s.policy_version,
-        )
-        for i in range(len(prompts))
-    ]
     metrics["mean_reward_micro"] = round(sum(rewards) / len(rewards) * REWARD_SCALE)
-    return Judgement(True, "none", [], rewards, metrics, groups)
+    return Judgement(True, "none", [], rewards, metrics)

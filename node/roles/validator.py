@@ -22,25 +22,19 @@ from node.compute.engine import Engine
 from node.policy_feed import PolicyFeed
 from node.roles.judge import JudgeContext, Judgement, judge, precheck
 from node.roles.verdicts import record_judgement
-from node.roles.worker import SUBMIT, SUBMIT_LIMITS
 from node.run import suite_for
 from node.runtime import Node
 from swarm.errors import NetworkError, RequestTimeout, SwarmError, ValidationError
 from swarm.ledger import LedgerStore
 from swarm.messages import LedgerEvent, RolloutSubmission, Signed, Verdict, decode
-from swarm.net import StreamLimits
+from swarm.net.names import SAMPLES, SUBMIT
+from swarm.net.protocols import SAMPLES_LIMITS, SUBMIT_LIMITS
 
 log = logging.getLogger(__name__)
 
-SAMPLES = "samples"
 RETRY_FIRST_S = 1.0  # outbox retry after a failed hand-off, doubling up to RETRY_MAX_S
 RETRY_MAX_S = 8.0
 PULL_EVERY_S = 1.0  # at most one policy pull prompted by submissions, per this interval
-SAMPLES_LIMITS = StreamLimits(
-    max_request=RolloutSubmission.MAX_BYTES + Verdict.MAX_BYTES + 4096,
-    max_response=1024,
-    timeout=30.0,
-)
 
 
 @dataclass
@@ -162,7 +156,7 @@ class Validator:
             await trio.to_thread.run_sync(self.engine.load_weights, str(path))
             self._loaded = version
         return await trio.to_thread.run_sync(
-            lambda: judge(submission, ctx, self.engine, counter_seen=counter_seen)
+            lambda: judge(submission, ctx, self.engine, counter_seen=counter_seen, prechecked=True)
         )
 
     def _count(self, judgement: Judgement) -> None:
