@@ -40,34 +40,60 @@ def ledger_show(
     db: DbOption = None,
     run: RunOption = None,
     peer: Annotated[str | None, typer.Option("--peer", help="Only this peer's events.")] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=10_000, help="Events and balances per page.")
+    ] = 50,
+    before: Annotated[
+        str | None,
+        typer.Option("--before", help="Page on: events with ids below this hex id."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     home: HomeOption = None,
 ) -> None:
-    """Print balances (who is banned) and events."""
+    """Print balances (the banned first), open disputes and the newest events, a page at a time:
+    index reads only, however large the ledger."""
     store = LedgerStore.open_existing(_ledger_path(db, run, home))
+    try:
+        cursor = bytes.fromhex(before) if before else None
+    except ValueError as exc:
+        raise ConfigError(f"--before {before!r} is not a hex event id") from exc
     balances = store.balances()
-    events = [e for e in store.events() if peer is None or e.message.peer == peer]
-    peers = sorted(balances.by_peer) if peer is None else [peer]
+    peers = store.lowest(limit) if peer is None else [peer]
+    events = store.page(peer=peer, before=cursor, limit=limit)
+    disputes = store.disputes(limit)
     if as_json:
         typer.echo(
             json.dumps(
                 {
                     "run_id": store.run_id,
+                    "events_total": len(store),
+                    "pending": store.pending_count(),
                     "balances": {
                         p: {"balance": balances.of(p), "banned": balances.banned(p)} for p in peers
                     },
+                    "disputes": [
+                        {
+                            "id": d.id.hex(),
+                            "disputed_validator": d.message.peer,
+                            "by": d.signer,
+                            "verdict": d.message.evidence.hex(),
+                            "disputed_verdict": d.message.related[0].hex(),
+                        }
+                        for d in disputes
+                    ],
                     "events": [
                         {
                             "id": e.id.hex(),
-                            "event": e.message.event,
-                            "peer": e.message.peer,
-                            "amount": e.message.amount,
-                            "evidence": e.message.evidence.hex(),
+                            "event": e.event,
+                            "peer": e.peer,
+                            "amount": e.amount,
+                            "evidence": e.evidence.hex(),
                             "signer": e.signer,
-                            "counted": e.id in balances.counted,
+                            "counted": e.counted,
                         }
                         for e in events
                     ],
+                    "next_before": events[-1].id.hex() if len(events) == limit else None,
                 },
                 indent=2,
             )
@@ -79,15 +105,31 @@ def ledger_show(
     for p in peers:
         table.add_row(p, str(balances.of(p)), "[red]banned[/]" if balances.banned(p) else "ok")
     console.print(table)
-    events_table = Table(title=f"{len(events)} events")
-    for col in ("event", "peer", "amount", "evidence", "signer"):
+    if disputes:
+        disputes_table = Table(title=f"{store.dispute_count()} open dispute(s): settle with audit")
+        for col in ("disputed validator", "by", "disputed verdict"):
+            disputes_table.add_column(col)
+        for d in disputes:
+            disputes_table.add_row(
+                d.message.peer[-12:], d.signer[-12:], d.message.related[0].hex()[:16]
+            )
+        console.print(disputes_table)
+    events_table = Table(title=f"newest {len(events)} of {len(store)} events")
+    for col in ("id", "event", "peer", "amount", "evidence", "signer", "counted"):
         events_table.add_column(col)
-    for e in events[-50:]:
-        m = e.message
+    for e in events:
         events_table.add_row(
-            m.event, m.peer[-12:], str(m.amount), m.evidence.hex()[:16], e.signer[-12:]
+            e.id.hex()[:16],
+            e.event,
+            e.peer[-12:],
+            str(e.amount),
+            e.evidence.hex()[:16],
+            e.signer[-12:],
+            "yes" if e.counted else "no",
         )
     console.print(events_table)
+    if len(events) == limit:
+        console.print(f"next page: --before {events[-1].id.hex()}")
 
 
 def audit(

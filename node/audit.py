@@ -27,7 +27,8 @@ from node.model import DEFAULT_MODEL_DIR
 from node.roles.judge import JudgeContext, judge
 from node.run import suite_for
 from swarm.errors import ConfigError, MalformedError, StorageError, SwarmError
-from swarm.ledger import LedgerStore, check_event, fold
+from swarm.ledger import LedgerStore, fold
+from swarm.ledger.recheck import recheck
 from swarm.messages import (
     REWARD_SCALE,
     LedgerEvent,
@@ -139,32 +140,26 @@ def audit_ledger(path: Path, source: PolicySource, *, credits: int | None = None
     store = LedgerStore.open_existing(path)
     genesis = store.genesis
     rows: list[AuditRow] = []
-    events: list[Signed[LedgerEvent]] = []
-    for raw in store.raw_events():
-        try:
-            event = decode(raw, LedgerEvent)
-            check_event(event, genesis)
-        except SwarmError as exc:
-            rows.append(AuditRow("event", "signature and rules", False, str(exc)))
-            continue
-        events.append(event)
+    checked = recheck(store)
+    for why in checked.refused:
+        rows.append(AuditRow("event", "signature and rules", False, why))
+    events = checked.events
     rows.append(AuditRow("events", "signature and rules", True, f"{len(events)} events verified"))
-    balances = fold(events, genesis.message.params)
-    stored = store.stored_balances()
-    wrong = {p: (b, balances.of(p)) for p, b in stored.items() if balances.of(p) != b}
-    missing = set(balances.by_peer) - set(stored)
+    ok = not checked.balance_errors
     rows.append(
         AuditRow(
             "balances",
             "fold",
-            not wrong and not missing,
-            f"{len(balances.by_peer)} balances agree"
-            if not wrong and not missing
-            else f"stored balances differ from the fold: {wrong or sorted(missing)}",
+            ok,
+            f"{len(checked.balances.by_peer) if checked.balances else 0} balances agree"
+            if ok
+            else "stored balances differ from the fold: " + "; ".join(checked.balance_errors[:5]),
         )
     )
     engines = _Engines(source)
-    counted = [e for e in events if e.id in balances.counted]
+    for dispute in (e for e in events if e.message.event == "dispute"):
+        rows.append(_settle_dispute(store, genesis, dispute, engines))
+    counted = [e for e in events if e.id in checked.counted]
     chosen = [e for e in counted if e.message.event == "credit"]
     if credits is not None and credits < len(chosen):
         chosen = random.Random(0).sample(chosen, credits)
@@ -189,7 +184,11 @@ def _evidence_of(store: LedgerStore, subject: bytes) -> tuple[Any, Any, list[Any
 def _replay_from_store(
     store: LedgerStore, genesis: Signed[RunGenesis], event: Signed[LedgerEvent], engines: _Engines
 ) -> AuditRow:
-    subject = event.message.evidence
+    cited = event.message.evidence  # the verdict's id (the contract in swarm.ledger)
+    raw_verdict = store.verdict_raw(cited)
+    if raw_verdict is None:
+        return AuditRow(cited.hex()[:16], "evidence", False, "the cited verdict is missing")
+    subject = decode(raw_verdict, Verdict).message.submission_id
     try:
         submission, verdict, related = _evidence_of(store, subject)
     except SwarmError as exc:
@@ -203,6 +202,40 @@ def _replay_from_store(
             return AuditRow(subject.hex()[:16], "credit evidence", False, "verdict did not accept")
         return _replay_accept(genesis, submission, verdict, engines)
     return replay_slash(genesis, submission, verdict, related, engines)
+
+
+def _settle_dispute(
+    store: LedgerStore, genesis: Signed[RunGenesis], dispute: Signed[LedgerEvent], engines: _Engines
+) -> AuditRow:
+    """Replay the disputed submission: the dispute is upheld (row ok) when the auditor rejects
+    the work the disputed verdict accepted."""
+    disputed = store.verdict_raw(dispute.message.related[0])
+    subject = dispute.id.hex()[:16]
+    if disputed is None:
+        return AuditRow(subject, "dispute", False, "the disputed verdict is missing")
+    verdict = decode(disputed, Verdict)
+    submission = next(
+        (
+            s
+            for s in (
+                decode(r, RolloutSubmission)
+                for r in store.evidence(verdict.message.submission_id, "submission")
+            )
+            if s.id == verdict.message.submission_id
+        ),
+        None,
+    )
+    if submission is None:
+        return AuditRow(subject, "dispute", None, "the disputed submission is not held here")
+    row = _replay_accept(genesis, submission, verdict, engines)
+    if row.ok is None:
+        return AuditRow(subject, "dispute", None, row.detail)
+    upheld = row.ok is False
+    who = dispute.message.peer[-12:]
+    detail = (
+        f"upheld: {who} credited work the replay rejects" if upheld else f"overruled: {row.detail}"
+    )
+    return AuditRow(subject, "dispute", upheld, detail)
 
 
 def export_bundle(ledger: Path, submission_id: bytes, out: Path) -> None:
