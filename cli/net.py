@@ -338,6 +338,13 @@ def _role_rows(table: Table, role_status: dict[str, Any]) -> None:
         table.add_row("ledger events", str(ledger.get("events")))
         if ledger.get("banned"):
             table.add_row("banned peers", " ".join(p[-8:] for p in ledger["banned"]))
+        for key, label in (("disputes", "open disputes"), ("pending", "events awaiting")):
+            if ledger.get(key):
+                table.add_row(f"ledger {label}", str(ledger[key]))
+        if ledger.get("refused"):
+            table.add_row(
+                "ledger refused", f"{ledger['refused']} (last: {ledger.get('last_refusal', '')})"
+            )
     for section in ("worker", "validator", "trainer"):
         for key, value in role_status.get(section, {}).items():
             if isinstance(value, dict):
