@@ -3,7 +3,9 @@
 1. run id; 2. signer not banned; 3. policy version inside the async window; 4. request counter
 not seen before; 5. prompts, seed and sample layout equal the assignment; 6. termination,
 sampling and TOPLOC by prefill on that version (``node.verify``). Rewards come from the task
-verifier here, never from the worker.
+verifier here, never from the worker. ``precheck`` is 1-5 (no model); ``judge`` runs it unless
+the caller did (``prechecked=True``), then 6. ``equivocation`` judges two signed submissions of
+one assignment (no model either).
 
 Severity follows the design: ``hard`` (slash) for what only a cheater produces (replays,
 unassigned prompts or seeds, wrong tokens, false finishes, proofs far outside the thresholds);
@@ -25,9 +27,12 @@ from node.tasks.suite import TaskSuite
 from node.verify import SampleClaim, verify_samples
 from swarm.assignment import assign
 from swarm.errors import ConfigError
-from swarm.ledger import Balances
+from swarm.ledger import EQUIVOCATION, Balances
 from swarm.messages import REWARD_SCALE, RolloutSubmission, RunParams, Signed, Verdict
 from swarm.toploc import ProofCheck, ProofThresholds
+
+OTHER_SUBMISSION = "other_submission"
+"""The metric (hex id) by which an equivocation's Verdict names the other submission."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,28 @@ def precheck(
         if sample.seed != expected.seed:
             return _reject("hard", f"sample {j} uses seed {sample.seed}, not the assigned seed")
     return None
+
+
+def equivocation(
+    submission: Signed[RolloutSubmission], other: Signed[RolloutSubmission]
+) -> Judgement | None:
+    """The hard Judgement of an equivocation when ``other`` is a different signed submission
+    of the same assignment (worker, run, policy version, counter), else None. Needs no model:
+    two signatures over two payloads for one assignment are the whole proof."""
+    s, o = submission.message, other.message
+    if (
+        other.id == submission.id
+        or other.signer != submission.signer
+        or (o.run_id, o.policy_version, o.counter) != (s.run_id, s.policy_version, s.counter)
+    ):
+        return None
+    return _reject(
+        "hard",
+        EQUIVOCATION,
+        f"request {s.counter} of policy v{s.policy_version} was also signed as submission"
+        f" {other.id.hex()[:16]}",
+        **{OTHER_SUBMISSION: other.id.hex()},
+    )
 
 
 SUBMISSION_HARD_FACTOR = 1.25
