@@ -58,14 +58,9 @@ class RoleHandle:
     trainer: Trainer | None = None
 
     def status(self) -> dict[str, Any]:
-        balances = self.ledger.balances()
         out: dict[str, Any] = {
             "shardcast": self.feed.status(),
-            "ledger": {
-                "events": len(self.ledger),
-                "balance": balances.of(self.node.peer_id),
-                "banned": sorted(p for p in balances.by_peer if balances.banned(p)),
-            },
+            "ledger": self.replica.status(),
         }
         if self.worker is not None:
             out["worker"] = {"loaded_version": self.worker.loaded, **vars(self.worker.stats)}
