@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from cli.common import HomeOption, console, open_home
+from cli.net import BootstrapOption
 from node.run import load_genesis
 from swarm.errors import ConfigError
 from swarm.ledger import LedgerStore
 from swarm.messages import run_id_of
+from swarm.net import parse_peer_addr
 
 ledger_app = typer.Typer(
     help="The run's ledger of grants, credits and slashes.", no_args_is_help=True
@@ -134,11 +136,12 @@ def ledger_show(
 
 def audit(
     target: Annotated[
-        list[str],
+        list[str] | None,
         typer.Argument(
             help="LEDGER_DB or BUNDLE to verify; or `export SUBMISSION_ID` with --db, -o."
+            " Omit it with --run and --bootstrap to audit from the swarm."
         ),
-    ],
+    ] = None,
     policy_dir: Annotated[
         Path | None,
         typer.Option("--policy-dir", help="Folder with v{N}.safetensors weights to replay on."),
@@ -150,9 +153,20 @@ def audit(
         int | None,
         typer.Option("--credits", min=0, help="Replay a random sample of N credits (default all)."),
     ] = None,
+    run: Annotated[
+        Path | None,
+        typer.Option("--run", help="With --bootstrap: the genesis of the run to audit."),
+    ] = None,
+    bootstrap_peers: BootstrapOption = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", help="Where a swarm audit keeps what it fetched (default: temp)"),
+    ] = None,
 ) -> None:
     """Re-verify every signature and balance of a ledger and replay the evidence of every slash
-    (exit 1 on any disagreement); or export/replay one self-contained proof bundle."""
+    and dispute (exit 1 on any disagreement); or export/replay one self-contained proof bundle.
+    With --run and --bootstrap, fetch the ledger, the evidence and the weights from the swarm
+    first (a sample of 8 credits unless --credits says otherwise)."""
     # The audit re-runs the model: torch loads only for this command.
     from node.audit import (
         audit_bundle,
@@ -162,6 +176,14 @@ def audit(
         policy_dir_source,
     )
 
+    if not target:
+        if run is None or not bootstrap_peers:
+            raise ConfigError(
+                "name what to audit: LEDGER_DB, BUNDLE, or --run GENESIS --bootstrap ADDR"
+            )
+        path, rows = _audit_swarm(run, bootstrap_peers, workdir, credits)
+        _print_rows(path, rows, as_json)
+        return
     if target[0] == "export":
         if len(target) != 2 or db is None or output is None:
             raise ConfigError(
@@ -182,6 +204,39 @@ def audit(
         rows = audit_ledger(path, source, credits=credits)
     else:
         rows = audit_bundle(path, source)
+    _print_rows(path, rows, as_json)
+
+
+def _audit_swarm(
+    run: Path, bootstrap: list[str], workdir: Path | None, credits: int | None
+) -> tuple[Path, list[Any]]:
+    """Gather from the swarm (a node that leaves before the replay), then replay offline."""
+    import tempfile
+
+    import trio
+
+    from node.audit import audit_ledger
+    from node.audit_swarm import gather
+    from swarm.evidence import EvidenceStore
+
+    genesis = load_genesis(run)
+    for addr in bootstrap:
+        parse_peer_addr(addr)
+    folder = workdir or Path(tempfile.mkdtemp(prefix="swarm-audit-"))
+    n = 8 if credits is None else credits
+    console.print(f"fetching the ledger, evidence and weights of run {run_id_of(genesis)}...")
+    gathered = trio.run(lambda: gather(genesis, bootstrap, folder, credits=n))
+    if gathered.missing_versions:
+        console.print(f"weights not served by any peer: v{gathered.missing_versions}")
+    evidence = EvidenceStore(gathered.evidence)
+    try:
+        rows = audit_ledger(gathered.ledger, gathered.policy_path, credits=n, evidence=evidence)
+    finally:
+        evidence.close()
+    return gathered.ledger, rows
+
+
+def _print_rows(path: Path, rows: list[Any], as_json: bool) -> None:
     bad = [r for r in rows if r.ok is False]
     unchecked = [r for r in rows if r.ok is None]
     if as_json:

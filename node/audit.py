@@ -20,7 +20,7 @@ replays without the ledger.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,6 +175,20 @@ def replay_slash(
     return AuditRow(subject, "slash replay", agree, detail)
 
 
+def sample_credits(
+    events: Sequence[Signed[LedgerEvent]], counted: Collection[bytes], n: int | None
+) -> list[Signed[LedgerEvent]]:
+    """The counted credits an audit replays: all (``n`` None) or a draw of ``n`` seeded by
+    nothing but the event set, so an auditor that gathers evidence for a sample
+    (``node.audit_swarm``) and the replay draw the same ones."""
+    credits = sorted(
+        (e for e in events if e.message.event == "credit" and e.id in counted), key=lambda e: e.id
+    )
+    if n is None or n >= len(credits):
+        return credits
+    return random.Random(0).sample(credits, n)
+
+
 def audit_ledger(
     path: Path,
     source: PolicySource,
@@ -213,11 +227,10 @@ def audit_ledger(
     for dispute in (e for e in events if e.message.event == "dispute"):
         rows.append(_settle_dispute(lookup, genesis, dispute, engines))
     counted = [e for e in events if e.id in checked.counted]
-    chosen = [e for e in counted if e.message.event == "credit"]
-    if credits is not None and credits < len(chosen):
-        chosen = random.Random(0).sample(chosen, credits)
+    chosen = sample_credits(events, checked.counted, credits)
+    if credits is not None:
         rows.append(
-            AuditRow("credits", "sample", True, f"replaying {credits} of {len(counted)} credits")
+            AuditRow("credits", "sample", True, f"replaying {len(chosen)} of the counted credits")
         )
     slashes = [e for e in counted if e.message.event == "slash"]
     for event in [*slashes, *sorted(chosen, key=lambda e: e.message.created_at)]:
