@@ -268,6 +268,9 @@ class LocalSwarm:
         ledger = self.validator_ledger()
         if ledger.exists():
             shutil.copy2(ledger, self.out / "ledger.db")
+            evidence = ledger.with_name("evidence.db")  # what the audit replays (by id)
+            if evidence.exists():
+                shutil.copy2(evidence, self.out / "evidence.db")
             summary |= self._ledger_facts(self.out / "ledger.db")
             policies = self.proc("trainer").home / "runs" / self.run_id / "policies"
             try:
