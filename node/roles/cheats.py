@@ -78,4 +78,12 @@ def credit_everything(
     return Judgement(True, "none", [], [0.0] * len(submission.message.samples), {"rogue": 1})
 
 
-ROGUES = {"credit-everything": credit_everything}
+Rogue = Callable[[Signed[RolloutSubmission], Judgement, JudgeContext], Judgement]
+ROGUES: dict[str, Rogue] = {"credit-everything": credit_everything}
+
+
+def rogue_by_name(name: str) -> Rogue:
+    try:
+        return ROGUES[name]
+    except KeyError:
+        raise ConfigError(f"unknown validator cheat {name!r}; one of {', '.join(ROGUES)}") from None

@@ -22,11 +22,12 @@ import trio
 from node.compute.engine import Engine
 from node.model import DEFAULT_MODEL_DIR
 from node.policy_feed import PolicyFeed
+from node.roles.cheats import Rogue
 from node.roles.claims import ClaimBook
 from node.roles.evidence import EvidenceService
 from node.roles.ledger_sync import LedgerReplica
 from node.roles.trainer import Trainer
-from node.roles.validator import Rogue, Validator
+from node.roles.validator import Validator
 from node.roles.worker import InferenceWorker, Tamper
 from node.runtime import Node
 from swarm.evidence import EvidenceStore

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ import trio
 
 from node.compute.engine import Engine
 from node.policy_feed import PolicyFeed
+from node.roles.cheats import Rogue
 from node.roles.claims import Claim, ClaimBook
 from node.roles.evidence import EvidenceService
 from node.roles.judge import JudgeContext, Judgement, equivocation, judge, precheck
@@ -44,9 +44,6 @@ log = logging.getLogger(__name__)
 RETRY_FIRST_S = 1.0  # outbox retry after a failed hand-off, doubling up to RETRY_MAX_S
 RETRY_MAX_S = 8.0
 PULL_EVERY_S = 1.0  # at most one policy pull prompted by submissions, per this interval
-
-Rogue = Callable[[Signed[RolloutSubmission], Judgement, JudgeContext], Judgement]
-"""A dishonest validator's edit of its own judgement (tests only: ``node.roles.cheats``)."""
 
 
 @dataclass

@@ -126,3 +126,20 @@ def test_audit_of_a_missing_or_foreign_file_is_a_clear_error(
             main(["audit", str(path)])
         assert done.value.code == 2
         assert capsys.readouterr().err.startswith("error:")
+
+
+def test_audit_from_the_swarm_needs_a_run_and_a_valid_bootstrap_address(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from node.run import write_genesis
+
+    write_genesis(GENESIS, tmp_path / "run.genesis")
+    for argv, said in (
+        (["audit"], "name what to audit"),
+        (["audit", "--run", str(tmp_path / "run.genesis")], "name what to audit"),
+        (["audit", "--run", str(tmp_path / "run.genesis"), "--bootstrap", "nonsense"], "nonsense"),
+    ):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and err.startswith("error:") and said in err, err
