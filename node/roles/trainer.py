@@ -208,6 +208,7 @@ class Trainer:
             )
             self.stats.rollbacks += 1
         await trio.to_thread.run_sync(self.grpo.save_checkpoint, self.checkpoint)
+        self.queue.prune(self.grpo.version - self.params.async_level, self.grpo.version)
         await self._publish_current()
         return stats
 
