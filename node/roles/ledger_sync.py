@@ -68,16 +68,10 @@ class LedgerReplica:
         self.synced_events += result.added
         return result
 
-    def status(self, *, banned_limit: int = 20) -> dict[str, Any]:
-        """The ledger part of ``swarm-node status``: index reads only (no fold), so it costs the
-        same on a ledger of a million events as on an empty one."""
-        store = self.store
+    def status(self) -> dict[str, Any]:
+        """The ledger part of ``swarm-node status`` (``LedgerStore.status``: no fold)."""
         return {
-            "events": len(store),
-            "balance": store.balance(self.node.peer_id),
-            "banned": store.banned(banned_limit),
-            "disputes": store.dispute_count(),
-            "pending": store.pending_count(),
+            **self.store.status(self.node.peer_id),
             "synced_events": self.synced_events,
             "refused": self.refused,
             "last_refusal": self.last_refusal,

@@ -68,10 +68,20 @@ class RangeIndex:
     """(count, sum) of every range of depth <= ``INDEX_DIGITS``, kept as ids are added."""
 
     def __init__(self, ids: Iterable[bytes] = ()) -> None:
-        self._count = [[0] * (16**d) for d in range(INDEX_DIGITS + 1)]
-        self._sum = [[0] * (16**d) for d in range(INDEX_DIGITS + 1)]
-        for i in ids:
-            self.add(i)
+        leaves = 16**INDEX_DIGITS
+        count, total = [0] * leaves, [0] * leaves
+        for i in ids:  # the leaves in one pass, then each level from the one below
+            leaf = (i[0] << 8) | i[1]  # INDEX_DIGITS hex digits = the first 2 bytes
+            count[leaf] += 1
+            total[leaf] += int.from_bytes(i, "big")
+        self._count = [count]
+        self._sum = [[t % _MOD for t in total]]
+        for _ in range(INDEX_DIGITS):
+            below_c, below_s = self._count[0], self._sum[0]
+            self._count.insert(0, [sum(below_c[j : j + 16]) for j in range(0, len(below_c), 16)])
+            self._sum.insert(
+                0, [sum(below_s[j : j + 16]) % _MOD for j in range(0, len(below_s), 16)]
+            )
 
     def add(self, event_id: bytes) -> None:
         value = int.from_bytes(event_id, "big")

@@ -79,9 +79,11 @@ class Entry:
 VerdictLookup = Callable[[bytes], VerdictFacts | None]
 
 
-def check_verdict(verdict: Signed[Verdict], genesis: Signed[RunGenesis]) -> None:
+def check_verdict(
+    verdict: Signed[Verdict], genesis: Signed[RunGenesis], *, run_id: str | None = None
+) -> None:
     """Raise unless ``verdict`` is of this run and signed by a genesis validator."""
-    run_id = run_id_of(genesis)
+    run_id = run_id_of(genesis) if run_id is None else run_id
     if verdict.message.run_id != run_id:
         raise ValidationError(f"verdict for run {verdict.message.run_id[:32]!r}, not {run_id}")
     if verdict.signer not in genesis.message.validators:
@@ -94,12 +96,13 @@ def check_event(
     verdicts: VerdictLookup,
     *,
     signer: str | None = None,
+    run_id: str | None = None,
 ) -> Entry:
     """The ``Entry`` of ``event``, or raise ``ValidationError`` (``NotAuthorizedError`` for a
     wrong signer, ``EvidenceMissingError`` when a cited verdict is not held) saying why the run
-    refuses it. ``signer`` saves recomputing the event's signer when the caller has it."""
+    refuses it. ``signer`` and ``run_id`` save recomputing them when the caller has them."""
     e = event.message
-    run_id = run_id_of(genesis)
+    run_id = run_id_of(genesis) if run_id is None else run_id
     who = event.signer if signer is None else signer
     if e.run_id != run_id:
         raise ValidationError(f"ledger event for run {e.run_id[:32]!r}, not {run_id}")

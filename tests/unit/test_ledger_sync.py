@@ -178,3 +178,77 @@ async def test_after_pulling_both_ways_two_replicas_hold_the_union(data: st.Data
         assert a.stored_balances() == b.stored_balances()
         a.close()
         b.close()
+
+
+_SYNCING_REPLICA = """
+import sys, time
+from pathlib import Path
+import trio
+import swarm.ledger.sync as sync
+from swarm.ledger import LedgerStore
+from swarm.messages import RunGenesis, decode
+genesis = decode(Path(sys.argv[3]).read_bytes(), RunGenesis)
+source, replica = LedgerStore(Path(sys.argv[1]), genesis), LedgerStore(Path(sys.argv[2]), genesis)
+sync.MAX_GET = 10  # many small get rounds, each its own transaction
+told = False
+
+async def ask(body: bytes) -> bytes:
+    global told
+    if not told and len(replica) >= 30:  # some get rounds have landed
+        print("syncing", flush=True)
+        told = True
+    time.sleep(0.02)
+    return sync.serve(source, body)
+
+trio.run(sync.pull, replica, ask)
+print("done", flush=True)
+"""
+
+
+async def test_a_replica_killed_mid_sync_loses_nothing_and_counts_nothing_twice(
+    tmp_path: Path,
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from node.run import write_genesis
+    from swarm.ledger.recheck import recheck
+
+    # Two validators credited the same 150 assignments: one credit each must count.
+    twice = PAIRS[:150] + [credit(WORKERS[i % 3], i, by=OTHER_VALIDATOR) for i in range(150)]
+    source = LedgerStore(tmp_path / "source.db", GENESIS)
+    fill(source, twice)
+    source.close()
+    write_genesis(GENESIS, tmp_path / "genesis")
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _SYNCING_REPLICA,
+            *(str(tmp_path / n) for n in ("source.db", "replica.db", "genesis")),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "syncing"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    source = LedgerStore(tmp_path / "source.db", GENESIS)
+    replica = LedgerStore(tmp_path / "replica.db", GENESIS)
+    landed = len(replica)
+    assert 0 < landed < len(source)  # killed in the middle
+    assert replica.ids() <= source.ids()
+    check = recheck(replica)
+    assert not check.refused and not check.balance_errors  # whole batches, counted once
+    await pull(replica, direct(source))  # the restart: sync again
+    assert replica.ids() == source.ids()
+    assert replica.stored_balances() == source.stored_balances()
+    assert replica.balance(WORKERS[0]) == 100 + 2 * 50  # 50 assignments of worker 0, once each
+    check = recheck(replica)
+    assert not check.refused and not check.balance_errors
+    source.close()
+    replica.close()
