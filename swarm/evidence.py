@@ -33,10 +33,9 @@ CREATE TABLE IF NOT EXISTS objects (
     kind TEXT NOT NULL,
     size INTEGER NOT NULL,
     pinned INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
     raw BLOB NOT NULL
 );
-CREATE INDEX IF NOT EXISTS objects_unpinned ON objects (pinned, seq);
+CREATE INDEX IF NOT EXISTS objects_unpinned ON objects (pinned);
 """
 
 
@@ -57,8 +56,13 @@ class EvidenceStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            (unpinned,) = self._db.execute(
+                "SELECT coalesce(sum(size), 0) FROM objects WHERE pinned = 0"
+            ).fetchone()
         except sqlite3.DatabaseError as exc:
             raise StorageError(f"evidence store {path} cannot be opened: {exc}") from exc
+        self._unpinned_bytes = int(unpinned)
+        """Bytes of unpinned objects, kept up to date by ``put``/``pin`` (one scan at open)."""
 
     @classmethod
     def beside(cls, ledger_path: Path) -> EvidenceStore:
@@ -69,14 +73,17 @@ class EvidenceStore:
         """Keep ``raw`` (an envelope of ``kind``, already verified by the caller); returns its
         id. Idempotent; ``pinned=True`` pins an object held unpinned."""
         object_id = address_of(raw)
+        if object_id in self:
+            if pinned:
+                self.pin(object_id)
+            return object_id
         try:
             self._db.execute(
-                "INSERT INTO objects VALUES"
-                " (?, ?, ?, ?, (SELECT coalesce(max(seq), 0) + 1 FROM objects), ?)"
-                " ON CONFLICT (id) DO UPDATE SET pinned = max(pinned, excluded.pinned)",
+                "INSERT INTO objects (id, kind, size, pinned, raw) VALUES (?, ?, ?, ?, ?)",
                 (object_id, kind, len(raw), int(pinned), raw),
             )
             if not pinned:
+                self._unpinned_bytes += len(raw)
                 self._enforce_budget()
         except sqlite3.DatabaseError as exc:
             raise StorageError(f"evidence store {self.path}: write failed: {exc}") from exc
@@ -84,8 +91,14 @@ class EvidenceStore:
 
     def pin(self, object_id: bytes) -> bool:
         """Pin a held object; False when it is not held."""
-        cur = self._db.execute("UPDATE objects SET pinned = 1 WHERE id = ?", (object_id,))
-        return cur.rowcount == 1
+        row = self._db.execute("SELECT pinned, size FROM objects WHERE id = ?", (object_id,))
+        held = row.fetchone()
+        if held is None:
+            return False
+        if not held[0]:
+            self._db.execute("UPDATE objects SET pinned = 1 WHERE id = ?", (object_id,))
+            self._unpinned_bytes -= int(held[1])
+        return True
 
     def get(self, object_id: bytes) -> bytes | None:
         row = self._db.execute("SELECT raw FROM objects WHERE id = ?", (object_id,)).fetchone()
@@ -113,22 +126,20 @@ class EvidenceStore:
         return out
 
     def _enforce_budget(self) -> None:
-        (total,) = self._db.execute(
-            "SELECT coalesce(sum(size), 0) FROM objects WHERE pinned = 0"
-        ).fetchone()
-        excess = int(total) - self.budget_bytes
+        excess = self._unpinned_bytes - self.budget_bytes
         if excess <= 0:
             return
         dropped = 0
         victims = []
         for object_id, size in self._db.execute(
-            "SELECT id, size FROM objects WHERE pinned = 0 ORDER BY seq"
+            "SELECT id, size FROM objects WHERE pinned = 0 ORDER BY rowid"
         ):
             if dropped >= excess:
                 break
             victims.append((object_id,))
             dropped += int(size)
         self._db.executemany("DELETE FROM objects WHERE id = ?", victims)
+        self._unpinned_bytes -= dropped
 
     def close(self) -> None:
         self._db.close()
