@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -359,6 +360,7 @@ def test_open_existing_refuses_what_is_not_a_ledger(tmp_path: Path) -> None:
 _WRITER = """
 import sys
 from pathlib import Path
+from typing import Any
 from swarm.identity import NodeKey
 from swarm.ledger import LedgerStore
 from swarm.messages import LedgerEvent, RunGenesis, Verdict, decode, sign, run_id_of
@@ -424,3 +426,43 @@ def test_a_verdict_from_a_non_validator_or_another_run_is_refused(tmp_path: Path
     with pytest.raises(ValidationError):
         store.add_verdict(_verdict(VALIDATOR, run="0" * 32))
     assert store._db.execute("SELECT count(*) FROM verdicts").fetchone() == (0,)
+
+
+def test_ledger_show_pages_through_events_and_lists_disputes(
+    store: LedgerStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from cli.app import main
+
+    pairs = [credit(WORKERS[i % 3], i) for i in range(5)]
+    accepted, _ = pairs[0]
+    contrary = verdict(
+        WORKERS[0],
+        counter=0,
+        accepted=False,
+        by=OTHER_VALIDATOR,
+        submission=accepted.message.submission_id,
+    )
+    dispute = event(
+        "dispute", VALIDATOR.peer_id, 0, contrary.id, by=OTHER_VALIDATOR, related=(accepted.id,)
+    )
+    store.add([e for _, e in pairs] + [dispute], verdicts=[v for v, _ in pairs] + [contrary])
+    db = str(store.path)
+
+    def show(*args: str) -> dict[str, Any]:
+        with pytest.raises(SystemExit) as done:
+            main(["ledger", "show", "--db", db, "--json", *args])
+        assert done.value.code == 0
+        return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+    first = show("--limit", "4")
+    assert first["events_total"] == 6 and len(first["events"]) == 4
+    assert [d["id"] for d in first["disputes"]] == [dispute.id.hex()]
+    rest = show("--limit", "4", "--before", first["next_before"])
+    assert len(rest["events"]) == 2 and rest["next_before"] is None
+    seen = [e["id"] for e in first["events"] + rest["events"]]
+    assert sorted(seen, reverse=True) == seen and len(set(seen)) == 6
+    with pytest.raises(SystemExit) as bad:
+        main(["ledger", "show", "--db", db, "--before", "not-hex"])
+    assert bad.value.code == 2 and "not a hex event id" in capsys.readouterr().err
