@@ -236,6 +236,8 @@ class LedgerStore(WorkRecords):
     def _release(self, verdict_ids: list[bytes]) -> list[Signed[LedgerEvent]]:
         """Add the pending events that waited for these verdicts."""
         added: list[Signed[LedgerEvent]] = []
+        if self._db.execute("SELECT 1 FROM pending LIMIT 1").fetchone() is None:
+            return added  # the common case: nothing waits, no lookup per verdict
         for verdict_id in verdict_ids:
             rows = self._db.execute(
                 "SELECT id, raw FROM pending WHERE waits_for = ?", (verdict_id,)
