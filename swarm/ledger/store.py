@@ -83,8 +83,6 @@ CREATE TABLE IF NOT EXISTS verdicts (
     created_at INTEGER NOT NULL,
     raw BLOB NOT NULL
 );
-CREATE INDEX IF NOT EXISTS verdicts_worker ON verdicts (worker);
-CREATE INDEX IF NOT EXISTS verdicts_version ON verdicts (policy_version);
 """
 _FACTS = (
     "SELECT id, submission, worker, validator, accepted, severity, samples, policy_version,"
