@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from cli.common import HomeOption, console, open_home
+from cli.net import BootstrapOption
 from node.run import load_genesis
 from swarm.errors import ConfigError
 from swarm.ledger import LedgerStore
 from swarm.messages import run_id_of
+from swarm.net import parse_peer_addr
 
 ledger_app = typer.Typer(
     help="The run's ledger of grants, credits and slashes.", no_args_is_help=True
@@ -40,34 +42,60 @@ def ledger_show(
     db: DbOption = None,
     run: RunOption = None,
     peer: Annotated[str | None, typer.Option("--peer", help="Only this peer's events.")] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=10_000, help="Events and balances per page.")
+    ] = 50,
+    before: Annotated[
+        str | None,
+        typer.Option("--before", help="Page on: events with ids below this hex id."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     home: HomeOption = None,
 ) -> None:
-    """Print balances (who is banned) and events."""
+    """Print balances (the banned first), open disputes and the newest events, a page at a time:
+    index reads only, however large the ledger."""
     store = LedgerStore.open_existing(_ledger_path(db, run, home))
+    try:
+        cursor = bytes.fromhex(before) if before else None
+    except ValueError as exc:
+        raise ConfigError(f"--before {before!r} is not a hex event id") from exc
     balances = store.balances()
-    events = [e for e in store.events() if peer is None or e.message.peer == peer]
-    peers = sorted(balances.by_peer) if peer is None else [peer]
+    peers = store.lowest(limit) if peer is None else [peer]
+    events = store.page(peer=peer, before=cursor, limit=limit)
+    disputes = store.disputes(limit)
     if as_json:
         typer.echo(
             json.dumps(
                 {
                     "run_id": store.run_id,
+                    "events_total": len(store),
+                    "pending": store.pending_count(),
                     "balances": {
                         p: {"balance": balances.of(p), "banned": balances.banned(p)} for p in peers
                     },
+                    "disputes": [
+                        {
+                            "id": d.id.hex(),
+                            "disputed_validator": d.message.peer,
+                            "by": d.signer,
+                            "verdict": d.message.evidence.hex(),
+                            "disputed_verdict": d.message.related[0].hex(),
+                        }
+                        for d in disputes
+                    ],
                     "events": [
                         {
                             "id": e.id.hex(),
-                            "event": e.message.event,
-                            "peer": e.message.peer,
-                            "amount": e.message.amount,
-                            "evidence": e.message.evidence.hex(),
+                            "event": e.event,
+                            "peer": e.peer,
+                            "amount": e.amount,
+                            "evidence": e.evidence.hex(),
                             "signer": e.signer,
-                            "counted": e.id in balances.counted,
+                            "counted": e.counted,
                         }
                         for e in events
                     ],
+                    "next_before": events[-1].id.hex() if len(events) == limit else None,
                 },
                 indent=2,
             )
@@ -79,24 +107,41 @@ def ledger_show(
     for p in peers:
         table.add_row(p, str(balances.of(p)), "[red]banned[/]" if balances.banned(p) else "ok")
     console.print(table)
-    events_table = Table(title=f"{len(events)} events")
-    for col in ("event", "peer", "amount", "evidence", "signer"):
+    if disputes:
+        disputes_table = Table(title=f"{store.dispute_count()} open dispute(s): settle with audit")
+        for col in ("disputed validator", "by", "disputed verdict"):
+            disputes_table.add_column(col)
+        for d in disputes:
+            disputes_table.add_row(
+                d.message.peer[-12:], d.signer[-12:], d.message.related[0].hex()[:16]
+            )
+        console.print(disputes_table)
+    events_table = Table(title=f"newest {len(events)} of {len(store)} events")
+    for col in ("id", "event", "peer", "amount", "evidence", "signer", "counted"):
         events_table.add_column(col)
-    for e in events[-50:]:
-        m = e.message
+    for e in events:
         events_table.add_row(
-            m.event, m.peer[-12:], str(m.amount), m.evidence.hex()[:16], e.signer[-12:]
+            e.id.hex()[:16],
+            e.event,
+            e.peer[-12:],
+            str(e.amount),
+            e.evidence.hex()[:16],
+            e.signer[-12:],
+            "yes" if e.counted else "no",
         )
     console.print(events_table)
+    if len(events) == limit:
+        console.print(f"next page: --before {events[-1].id.hex()}")
 
 
 def audit(
     target: Annotated[
-        list[str],
+        list[str] | None,
         typer.Argument(
             help="LEDGER_DB or BUNDLE to verify; or `export SUBMISSION_ID` with --db, -o."
+            " Omit it with --run and --bootstrap to audit from the swarm."
         ),
-    ],
+    ] = None,
     policy_dir: Annotated[
         Path | None,
         typer.Option("--policy-dir", help="Folder with v{N}.safetensors weights to replay on."),
@@ -108,9 +153,20 @@ def audit(
         int | None,
         typer.Option("--credits", min=0, help="Replay a random sample of N credits (default all)."),
     ] = None,
+    run: Annotated[
+        Path | None,
+        typer.Option("--run", help="With --bootstrap: the genesis of the run to audit."),
+    ] = None,
+    bootstrap_peers: BootstrapOption = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", help="Where a swarm audit keeps what it fetched (default: temp)"),
+    ] = None,
 ) -> None:
     """Re-verify every signature and balance of a ledger and replay the evidence of every slash
-    (exit 1 on any disagreement); or export/replay one self-contained proof bundle."""
+    and dispute (exit 1 on any disagreement); or export/replay one self-contained proof bundle.
+    With --run and --bootstrap, fetch the ledger, the evidence and the weights from the swarm
+    first (a sample of 8 credits unless --credits says otherwise)."""
     # The audit re-runs the model: torch loads only for this command.
     from node.audit import (
         audit_bundle,
@@ -120,6 +176,14 @@ def audit(
         policy_dir_source,
     )
 
+    if not target:
+        if run is None or not bootstrap_peers:
+            raise ConfigError(
+                "name what to audit: LEDGER_DB, BUNDLE, or --run GENESIS --bootstrap ADDR"
+            )
+        path, rows = _audit_swarm(run, bootstrap_peers, workdir, credits)
+        _print_rows(path, rows, as_json)
+        return
     if target[0] == "export":
         if len(target) != 2 or db is None or output is None:
             raise ConfigError(
@@ -140,6 +204,39 @@ def audit(
         rows = audit_ledger(path, source, credits=credits)
     else:
         rows = audit_bundle(path, source)
+    _print_rows(path, rows, as_json)
+
+
+def _audit_swarm(
+    run: Path, bootstrap: list[str], workdir: Path | None, credits: int | None
+) -> tuple[Path, list[Any]]:
+    """Gather from the swarm (a node that leaves before the replay), then replay offline."""
+    import tempfile
+
+    import trio
+
+    from node.audit import audit_ledger
+    from node.audit_swarm import gather
+    from swarm.evidence import EvidenceStore
+
+    genesis = load_genesis(run)
+    for addr in bootstrap:
+        parse_peer_addr(addr)
+    folder = workdir or Path(tempfile.mkdtemp(prefix="swarm-audit-"))
+    n = 8 if credits is None else credits
+    console.print(f"fetching the ledger, evidence and weights of run {run_id_of(genesis)}...")
+    gathered = trio.run(lambda: gather(genesis, bootstrap, folder, credits=n))
+    if gathered.missing_versions:
+        console.print(f"weights not served by any peer: v{gathered.missing_versions}")
+    evidence = EvidenceStore(gathered.evidence)
+    try:
+        rows = audit_ledger(gathered.ledger, gathered.policy_path, credits=n, evidence=evidence)
+    finally:
+        evidence.close()
+    return gathered.ledger, rows
+
+
+def _print_rows(path: Path, rows: list[Any], as_json: bool) -> None:
     bad = [r for r in rows if r.ok is False]
     unchecked = [r for r in rows if r.ok is None]
     if as_json:

@@ -19,7 +19,7 @@ from bootstrap.service import BootstrapConfig, BootstrapPeer
 from cli.common import HomeOption, console, err_console, open_home
 from node import admin
 from node.model import DEFAULT_MODEL_DIR, model_info
-from node.roles.cheats import cheat_by_name
+from node.roles.cheats import cheat_by_name, rogue_by_name
 from node.run import load_genesis
 from node.runtime import Node, RuntimeConfig, forever_policy
 from swarm.errors import ConfigError, SwarmError
@@ -173,7 +173,8 @@ def join(
         typer.Option(
             "--cheat",
             hidden=True,
-            help="Demo and tests only: submit forged work of this kind (it gets slashed).",
+            help="Demo and tests only: submit forged work of this kind (it gets slashed); a"
+            " validator: credit-everything (its credits get disputed).",
         ),
     ] = None,
     home: HomeOption = None,
@@ -201,7 +202,9 @@ def join(
     )
     config.check()  # unauthorized role, bad addresses: exit 2 before any network use
     _logging(verbose)
-    tamper = cheat_by_name(cheat) if cheat is not None else None
+    # A validator's --cheat is its own judgement edited (a rogue validator), a worker's its work.
+    rogue = rogue_by_name(cheat) if cheat is not None and node_role == "validator" else None
+    tamper = cheat_by_name(cheat) if cheat is not None and node_role != "validator" else None
     model_dir = model if model is not None else DEFAULT_MODEL_DIR
     model_info(model_dir)  # a bad --model is a clear error before any network use
 
@@ -214,6 +217,7 @@ def join(
                 node,
                 node_home.run_dir(node.run_id),
                 tamper=tamper,
+                rogue=rogue,
                 max_versions=max_versions,
                 model_dir=model_dir,
                 torch_threads=1,
@@ -338,6 +342,13 @@ def _role_rows(table: Table, role_status: dict[str, Any]) -> None:
         table.add_row("ledger events", str(ledger.get("events")))
         if ledger.get("banned"):
             table.add_row("banned peers", " ".join(p[-8:] for p in ledger["banned"]))
+        for key, label in (("disputes", "open disputes"), ("pending", "events awaiting")):
+            if ledger.get(key):
+                table.add_row(f"ledger {label}", str(ledger[key]))
+        if ledger.get("refused"):
+            table.add_row(
+                "ledger refused", f"{ledger['refused']} (last: {ledger.get('last_refusal', '')})"
+            )
     for section in ("worker", "validator", "trainer"):
         for key, value in role_status.get(section, {}).items():
             if isinstance(value, dict):

@@ -2,32 +2,38 @@
 
 For a ledger database: every event's signature and the run's rules, every balance (the stored
 balances against a fresh fold), and for every counted slash and credit its evidence: the
-worker's signed submission and the validator's signed verdict, re-judged on the policy version
-it claims. The auditor agrees with a slash when its own judgement is also a hard rejection, and
-with a credit when it also accepts, with the same rewards. Evidence lives in the validator's
-ledger (a replica of the events alone cannot be replayed: audit the validator's copy, or bundles).
+validator's signed verdict (the event cites it) and the worker's signed submission (the verdict
+names it), re-judged on the policy version it claims. The auditor agrees with a slash when its
+own judgement is also a hard rejection (an equivocation: when the two envelopes are two
+different signed submissions of one assignment, no model needed), and with a credit when it
+also accepts, with the same rewards. Disputes are settled by replaying the disputed submission.
+
+Evidence is looked up by id (``EvidenceLookup``): in the content-addressed evidence store next
+to the ledger (``<run dir>/evidence.db``, what every validator keeps), then the ledger's own
+verdicts. ``node.audit_swarm`` fills such a store from the swarm (``audit --run --bootstrap``).
 
 A proof bundle (``export_bundle``) holds the genesis, the submission, the verdict and any related
-submissions (the earlier one of a replay) as signed envelopes in a msgpack map, so it replays
-without the ledger.
+submissions (the other one of an equivocation) as signed envelopes in a msgpack map, so it
+replays without the ledger.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import msgpack
 
 from node.compute.torch_engine import TorchEngine
 from node.model import DEFAULT_MODEL_DIR
-from node.roles.judge import JudgeContext, judge
+from node.roles.judge import OTHER_SUBMISSION, JudgeContext, equivocation, judge
 from node.run import suite_for
 from swarm.errors import ConfigError, MalformedError, StorageError, SwarmError
-from swarm.ledger import LedgerStore, check_event, fold
+from swarm.evidence import EvidenceStore
+from swarm.ledger import EQUIVOCATION, LedgerStore, fold
+from swarm.ledger.recheck import recheck
 from swarm.messages import (
     REWARD_SCALE,
     LedgerEvent,
@@ -66,6 +72,35 @@ def policy_dir_source(directory: Path | None) -> PolicySource:
         return None
 
     return find
+
+
+class EvidenceLookup:
+    """Signed envelopes by id: the evidence store first, then the ledger's verdicts table."""
+
+    def __init__(self, store: LedgerStore, evidence: EvidenceStore | None) -> None:
+        self.store = store
+        self.evidence = evidence
+
+    def raw(self, object_id: bytes) -> bytes | None:
+        held = None if self.evidence is None else self.evidence.get(object_id)
+        return held if held is not None else self.store.verdict_raw(object_id)
+
+    def verdict(self, object_id: bytes) -> Signed[Verdict] | None:
+        raw = self.raw(object_id)
+        return None if raw is None else decode(raw, Verdict)
+
+    def submission(self, object_id: bytes) -> Signed[RolloutSubmission] | None:
+        raw = self.raw(object_id)
+        return None if raw is None else decode(raw, RolloutSubmission)
+
+    def related(self, verdict: Signed[Verdict]) -> list[Signed[RolloutSubmission]]:
+        """The other submission an equivocation's verdict names (when held)."""
+        other = verdict.message.metrics.get(OTHER_SUBMISSION)
+        try:
+            found = self.submission(bytes.fromhex(other)) if isinstance(other, str) else None
+        except ValueError:
+            return []
+        return [] if found is None else [found]
 
 
 class _Engines:
@@ -108,6 +143,14 @@ def replay_slash(
         or verdict.message.worker != submission.signer
     ):
         return AuditRow(subject, "slash evidence", False, "verdict does not match the submission")
+    if EQUIVOCATION in verdict.message.reasons:
+        both = any(equivocation(submission, r) is not None for r in related)
+        detail = (
+            "two different signed submissions of one assignment"
+            if both
+            else "the other submission of the equivocation is missing or not a copy"
+        )
+        return AuditRow(subject, "equivocation", both, detail)
     s = submission.message
     seen = any(
         r.id != submission.id
@@ -132,70 +175,90 @@ def replay_slash(
     return AuditRow(subject, "slash replay", agree, detail)
 
 
-def audit_ledger(path: Path, source: PolicySource, *, credits: int | None = None) -> list[AuditRow]:
+def sample_credits(
+    events: Sequence[Signed[LedgerEvent]], counted: Collection[bytes], n: int | None
+) -> list[Signed[LedgerEvent]]:
+    """The counted credits an audit replays: all (``n`` None) or a draw of ``n`` seeded by
+    nothing but the event set, so an auditor that gathers evidence for a sample
+    (``node.audit_swarm``) and the replay draw the same ones."""
+    credits = sorted(
+        (e for e in events if e.message.event == "credit" and e.id in counted), key=lambda e: e.id
+    )
+    if n is None or n >= len(credits):
+        return credits
+    return random.Random(0).sample(credits, n)
+
+
+def audit_ledger(
+    path: Path,
+    source: PolicySource,
+    *,
+    credits: int | None = None,
+    evidence: EvidenceStore | None = None,
+) -> list[AuditRow]:
     """Every check of the module docstring. Counted credits are re-judged too (the validator's
     accepted work must replay to an accept with the same rewards): all of them by default, a
-    random sample of ``credits`` of them (0: none) when a full replay would take too long."""
+    random sample of ``credits`` of them (0: none) when a full replay would take too long.
+    ``evidence``: default, the store next to the ledger when there is one."""
     store = LedgerStore.open_existing(path)
+    opened = None
+    if evidence is None and path.with_name("evidence.db").exists():
+        evidence = opened = EvidenceStore.beside(path)
+    lookup = EvidenceLookup(store, evidence)
     genesis = store.genesis
     rows: list[AuditRow] = []
-    events: list[Signed[LedgerEvent]] = []
-    for raw in store.raw_events():
-        try:
-            event = decode(raw, LedgerEvent)
-            check_event(event, genesis)
-        except SwarmError as exc:
-            rows.append(AuditRow("event", "signature and rules", False, str(exc)))
-            continue
-        events.append(event)
+    checked = recheck(store)
+    for why in checked.refused:
+        rows.append(AuditRow("event", "signature and rules", False, why))
+    events = checked.events
     rows.append(AuditRow("events", "signature and rules", True, f"{len(events)} events verified"))
-    balances = fold(events, genesis.message.params)
-    stored = store.stored_balances()
-    wrong = {p: (b, balances.of(p)) for p, b in stored.items() if balances.of(p) != b}
-    missing = set(balances.by_peer) - set(stored)
+    ok = not checked.balance_errors
     rows.append(
         AuditRow(
             "balances",
             "fold",
-            not wrong and not missing,
-            f"{len(balances.by_peer)} balances agree"
-            if not wrong and not missing
-            else f"stored balances differ from the fold: {wrong or sorted(missing)}",
+            ok,
+            f"{len(checked.balances.by_peer) if checked.balances else 0} balances agree"
+            if ok
+            else "stored balances differ from the fold: " + "; ".join(checked.balance_errors[:5]),
         )
     )
     engines = _Engines(source)
-    counted = [e for e in events if e.id in balances.counted]
-    chosen = [e for e in counted if e.message.event == "credit"]
-    if credits is not None and credits < len(chosen):
-        chosen = random.Random(0).sample(chosen, credits)
+    for dispute in (e for e in events if e.message.event == "dispute"):
+        rows.append(_settle_dispute(lookup, genesis, dispute, engines))
+    counted = [e for e in events if e.id in checked.counted]
+    chosen = sample_credits(events, checked.counted, credits)
+    if credits is not None:
         rows.append(
-            AuditRow("credits", "sample", True, f"replaying {credits} of {len(counted)} credits")
+            AuditRow("credits", "sample", True, f"replaying {len(chosen)} of the counted credits")
         )
     slashes = [e for e in counted if e.message.event == "slash"]
     for event in [*slashes, *sorted(chosen, key=lambda e: e.message.created_at)]:
-        rows.append(_replay_from_store(store, genesis, event, engines))
+        rows.append(_replay_from_store(lookup, genesis, event, engines))
     store.close()
+    if opened is not None:
+        opened.close()
     return rows
 
 
-def _evidence_of(store: LedgerStore, subject: bytes) -> tuple[Any, Any, list[Any]]:
-    subs = [decode(r, RolloutSubmission) for r in store.evidence(subject, "submission")]
-    verdicts = [decode(r, Verdict) for r in store.evidence(subject, "verdict")]
-    main = next((s for s in subs if s.id == subject), None)
-    verdict = next((v for v in verdicts if v.message.submission_id == subject), None)
-    return main, verdict, subs
-
-
 def _replay_from_store(
-    store: LedgerStore, genesis: Signed[RunGenesis], event: Signed[LedgerEvent], engines: _Engines
+    lookup: EvidenceLookup,
+    genesis: Signed[RunGenesis],
+    event: Signed[LedgerEvent],
+    engines: _Engines,
 ) -> AuditRow:
-    subject = event.message.evidence
+    cited = event.message.evidence  # the verdict's id (the contract in swarm.ledger)
     try:
-        submission, verdict, related = _evidence_of(store, subject)
+        verdict = lookup.verdict(cited)
+        if verdict is None:
+            return AuditRow(cited.hex()[:16], "evidence", False, "the cited verdict is missing")
+        subject = verdict.message.submission_id
+        submission = lookup.submission(subject)
+        related = [r for r in map(lookup.submission, event.message.related) if r is not None]
     except SwarmError as exc:
-        return AuditRow(subject.hex()[:16], "slash evidence", False, f"bad evidence: {exc}")
-    if submission is None or verdict is None:
-        return AuditRow(subject.hex()[:16], "slash evidence", False, "evidence missing")
+        return AuditRow(cited.hex()[:16], "evidence", False, f"bad evidence: {exc}")
+    if submission is None:
+        return AuditRow(subject.hex()[:16], "evidence", False, "the submission is missing")
     if submission.signer != event.message.peer:
         return AuditRow(subject.hex()[:16], "evidence", False, "the event's peer did not sign")
     if event.message.event == "credit":
@@ -205,10 +268,50 @@ def _replay_from_store(
     return replay_slash(genesis, submission, verdict, related, engines)
 
 
+def _settle_dispute(
+    lookup: EvidenceLookup,
+    genesis: Signed[RunGenesis],
+    dispute: Signed[LedgerEvent],
+    engines: _Engines,
+) -> AuditRow:
+    """Replay the disputed submission: the dispute is upheld (row ok) when the auditor rejects
+    the work the disputed verdict accepted."""
+    subject = dispute.id.hex()[:16]
+    try:
+        verdict = lookup.verdict(dispute.message.related[0])
+        submission = None if verdict is None else lookup.submission(verdict.message.submission_id)
+    except SwarmError as exc:
+        return AuditRow(subject, "dispute", False, f"bad evidence: {exc}")
+    if verdict is None:
+        return AuditRow(subject, "dispute", False, "the disputed verdict is missing")
+    if submission is None:
+        return AuditRow(subject, "dispute", None, "the disputed submission is not held here")
+    row = _replay_accept(genesis, submission, verdict, engines)
+    if row.ok is None:
+        return AuditRow(subject, "dispute", None, row.detail)
+    upheld = row.ok is False
+    who = dispute.message.peer[-12:]
+    detail = (
+        f"upheld: {who} credited work the replay rejects" if upheld else f"overruled: {row.detail}"
+    )
+    return AuditRow(subject, "dispute", upheld, detail)
+
+
 def export_bundle(ledger: Path, submission_id: bytes, out: Path) -> None:
     """Write the self-contained proof bundle of one judged submission."""
     store = LedgerStore.open_existing(ledger)
-    submission, verdict, related = _evidence_of(store, submission_id)
+    evidence = EvidenceStore.beside(ledger) if ledger.with_name("evidence.db").exists() else None
+    lookup = EvidenceLookup(store, evidence)
+    submission = lookup.submission(submission_id)
+    # A one-off command may scan the verdicts: the newest one about this submission.
+    verdict = next(
+        (
+            v
+            for v in reversed([decode(raw, Verdict) for raw in store.raw_verdicts()])
+            if v.message.submission_id == submission_id
+        ),
+        None,
+    )
     if submission is None or verdict is None:
         raise ConfigError(f"no evidence for submission {submission_id.hex()} in {ledger}")
     bundle = {
@@ -216,9 +319,11 @@ def export_bundle(ledger: Path, submission_id: bytes, out: Path) -> None:
         "genesis": store.genesis.raw,
         "submission": submission.raw,
         "verdict": verdict.raw,
-        "related": [r.raw for r in related if r.id != submission.id],
+        "related": [r.raw for r in lookup.related(verdict)],
     }
     store.close()
+    if evidence is not None:
+        evidence.close()
     out.write_bytes(msgpack.packb(bundle, use_bin_type=True))
 
 

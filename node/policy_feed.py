@@ -27,12 +27,12 @@ from node.shardcast import ShardcastService, channel_host
 from swarm.errors import PeerError, SwarmError, ValidationError
 from swarm.messages import PolicyAnnouncement, ShardManifest, Signed
 from swarm.net import StreamLimits
+from swarm.net.names import POLICY
 from swarm.shardcast import FetchConfig, ShardStore, publish
 from swarm.shardcast.datachannel import DataChannelConfig
 
 log = logging.getLogger(__name__)
 
-POLICY = "policy"
 POLICY_LIMITS = StreamLimits(max_request=64, max_response=PolicyAnnouncement.MAX_BYTES + 256)
 
 

@@ -268,6 +268,9 @@ class LocalSwarm:
         ledger = self.validator_ledger()
         if ledger.exists():
             shutil.copy2(ledger, self.out / "ledger.db")
+            evidence = ledger.with_name("evidence.db")  # what the audit replays (by id)
+            if evidence.exists():
+                shutil.copy2(evidence, self.out / "evidence.db")
             summary |= self._ledger_facts(self.out / "ledger.db")
             policies = self.proc("trainer").home / "runs" / self.run_id / "policies"
             try:
@@ -294,18 +297,22 @@ class LocalSwarm:
             store = LedgerStore.open_existing(path)
         except StorageError as exc:
             return {"ledger_error": str(exc)}
-        balances = store.balances()
-        events = list(store.events())
-        verdicts = [decode(raw, Verdict) for raw in store.evidence_of_kind("verdict")]
-        store.close()
-        return {
-            "accepted": sum(1 for v in verdicts if v.message.accepted),
-            "rejected": sum(1 for v in verdicts if not v.message.accepted),
-            "slashed": sorted({e.message.peer for e in events if e.message.event == "slash"}),
-            "banned": sorted(p for p in balances.by_peer if balances.banned(p)),
-            "credited": sorted({e.message.peer for e in events if e.message.event == "credit"}),
-            "balances": dict(balances.by_peer),
-        }
+        try:
+            balances = store.balances()  # a live view of the store: read it before closing
+            events = list(store.events())
+            # Every verdict the validator signed is in the ledger (the evidence store keeps the
+            # envelopes the audit replays, not a list of verdicts).
+            verdicts = [decode(raw, Verdict) for raw in store.raw_verdicts()]
+            return {
+                "accepted": sum(1 for v in verdicts if v.message.accepted),
+                "rejected": sum(1 for v in verdicts if not v.message.accepted),
+                "slashed": sorted({e.message.peer for e in events if e.message.event == "slash"}),
+                "banned": sorted(p for p in balances.by_peer if balances.banned(p)),
+                "credited": sorted({e.message.peer for e in events if e.message.event == "credit"}),
+                "balances": dict(balances.by_peer),
+            }
+        finally:
+            store.close()
 
     def _plot(self, summary: dict[str, Any]) -> None:
         rewards = summary.get("reward_by_version") or []

@@ -20,7 +20,8 @@ message says what happened and, where a user can act, what to do next.
     │   └── KeyExistsError        init would overwrite an existing key
     ├── ConfigError               bad configuration, arguments or files given by a user
     ├── ValidationError           a well-formed, signed object that the run's rules refuse
-    │   └── NotAuthorizedError    signed by a key without the role it claims
+    │   ├── NotAuthorizedError    signed by a key without the role it claims
+    │   └── EvidenceMissingError  cites an object (a verdict) not held here yet
     ├── ProofError                a proof that cannot be built or checked (shapes, encodings)
     ├── EngineError               the compute child failed, crashed or answered nonsense
     ├── StorageError              local storage failed (disk full, corrupt database, lock held)
@@ -91,6 +92,15 @@ class ValidationError(SwarmError):
 
 class NotAuthorizedError(ValidationError):
     """Signed by a key that does not hold the role the object needs."""
+
+
+class EvidenceMissingError(ValidationError):
+    """A signed object that cites evidence not held here (yet): kept pending, not refused.
+    ``missing`` is the id of the object it waits for."""
+
+    def __init__(self, message: str, missing: bytes = b"") -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 class ProofError(SwarmError):

@@ -1,14 +1,19 @@
 """Forged work for the demo's cheating worker and the tests: each is an edit a dishonest worker
 could make to its own submission before signing it. Every one of them must end in a hard
-rejection and a slash (tests/integration/test_judge.py holds the detection matrix)."""
+rejection and a slash (tests/integration/test_judge.py holds the detection matrix).
+
+``ROGUES`` are a dishonest validator's edits of its own judgement (tests only): the other
+validators' re-judging must catch each one with a dispute (tests/integration/test_validators.py).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
 
+from node.roles.judge import JudgeContext, Judgement
 from swarm.errors import ConfigError
-from swarm.messages import RolloutSubmission, Sample
+from swarm.messages import RolloutSubmission, Sample, Signed
 
 Cheat = Callable[[RolloutSubmission], RolloutSubmission]
 
@@ -61,3 +66,24 @@ def cheat_by_name(name: str) -> Cheat:
         return CHEATS[name]
     except KeyError:
         raise ConfigError(f"unknown cheat {name!r}; one of {', '.join(CHEATS)}") from None
+
+
+def credit_everything(
+    submission: Signed[RolloutSubmission], judgement: Judgement, ctx: JudgeContext
+) -> Judgement:
+    """A validator that accepts work it found forged (say, paid by the cheater): a credit and a
+    trainer hand-off for work that replays to a hard rejection."""
+    if judgement.accepted or judgement.severity != "hard":
+        return judgement
+    return Judgement(True, "none", [], [0.0] * len(submission.message.samples), {"rogue": 1})
+
+
+Rogue = Callable[[Signed[RolloutSubmission], Judgement, JudgeContext], Judgement]
+ROGUES: dict[str, Rogue] = {"credit-everything": credit_everything}
+
+
+def rogue_by_name(name: str) -> Rogue:
+    try:
+        return ROGUES[name]
+    except KeyError:
+        raise ConfigError(f"unknown validator cheat {name!r}; one of {', '.join(ROGUES)}") from None

@@ -3,7 +3,9 @@
 1. run id; 2. signer not banned; 3. policy version inside the async window; 4. request counter
 not seen before; 5. prompts, seed and sample layout equal the assignment; 6. termination,
 sampling and TOPLOC by prefill on that version (``node.verify``). Rewards come from the task
-verifier here, never from the worker.
+verifier here, never from the worker. ``precheck`` is 1-5 (no model); ``judge`` runs it unless
+the caller did (``prechecked=True``), then 6. ``equivocation`` judges two signed submissions of
+one assignment (no model either).
 
 Severity follows the design: ``hard`` (slash) for what only a cheater produces (replays,
 unassigned prompts or seeds, wrong tokens, false finishes, proofs far outside the thresholds);
@@ -19,16 +21,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from node.compute.engine import Engine
-from node.compute.grpo import Group
 from node.model import tokenizer
 from node.rl.rollout import sample_index, score
 from node.tasks.suite import TaskSuite
 from node.verify import SampleClaim, verify_samples
 from swarm.assignment import assign
 from swarm.errors import ConfigError
-from swarm.ledger import Balances
+from swarm.ledger import EQUIVOCATION, Balances
 from swarm.messages import REWARD_SCALE, RolloutSubmission, RunParams, Signed, Verdict
 from swarm.toploc import ProofCheck, ProofThresholds
+
+OTHER_SUBMISSION = "other_submission"
+"""The metric (hex id) by which an equivocation's Verdict names the other submission."""
 
 
 @dataclass(frozen=True)
@@ -38,8 +42,6 @@ class Judgement:
     reasons: list[str]
     rewards: list[float] = field(default_factory=list)
     metrics: dict[str, int | str] = field(default_factory=dict)
-    groups: list[Group] = field(default_factory=list)
-    """Accepted samples as GRPO groups, for the trainer."""
 
     def verdict(self, submission: Signed[RolloutSubmission], created_at: int) -> Verdict:
         return Verdict(
@@ -118,6 +120,28 @@ def precheck(
     return None
 
 
+def equivocation(
+    submission: Signed[RolloutSubmission], other: Signed[RolloutSubmission]
+) -> Judgement | None:
+    """The hard Judgement of an equivocation when ``other`` is a different signed submission
+    of the same assignment (worker, run, policy version, counter), else None. Needs no model:
+    two signatures over two payloads for one assignment are the whole proof."""
+    s, o = submission.message, other.message
+    if (
+        other.id == submission.id
+        or other.signer != submission.signer
+        or (o.run_id, o.policy_version, o.counter) != (s.run_id, s.policy_version, s.counter)
+    ):
+        return None
+    return _reject(
+        "hard",
+        EQUIVOCATION,
+        f"request {s.counter} of policy v{s.policy_version} was also signed as submission"
+        f" {other.id.hex()[:16]}",
+        **{OTHER_SUBMISSION: other.id.hex()},
+    )
+
+
 SUBMISSION_HARD_FACTOR = 1.25
 """A submission's mean mantissa error past this multiple of the run's limit is a hard failure
 (other weights); between the limit and this it is soft (honest hardware near the edge)."""
@@ -146,11 +170,17 @@ def judge(
     engine: Engine,
     *,
     counter_seen: bool,
+    prechecked: bool = False,
 ) -> Judgement:
-    """Judge ``submission``; ``engine`` must hold its policy version's weights."""
-    early = precheck(submission, ctx, counter_seen=counter_seen)
-    if early is not None:
-        return early
+    """Judge ``submission``; ``engine`` must hold its policy version's weights.
+
+    ``prechecked``: the caller ran ``precheck`` already (and it decided nothing), so the
+    submission passes each check once; auditors and tests leave it False.
+    """
+    if not prechecked:
+        early = precheck(submission, ctx, counter_seen=counter_seen)
+        if early is not None:
+            return early
     s = submission.message
     p = ctx.params
     g = p.group_size
@@ -193,14 +223,5 @@ def judge(
     rewards = [
         score(ctx.suite, prompt_ids[j // g], list(x.tokens), p) for j, x in enumerate(s.samples)
     ]
-    groups = [
-        Group(
-            prompts[i],
-            [list(x.tokens) for x in s.samples[i * g : (i + 1) * g]],
-            rewards[i * g : (i + 1) * g],
-            s.policy_version,
-        )
-        for i in range(len(prompts))
-    ]
     metrics["mean_reward_micro"] = round(sum(rewards) / len(rewards) * REWARD_SCALE)
-    return Judgement(True, "none", [], rewards, metrics, groups)
+    return Judgement(True, "none", [], rewards, metrics)

@@ -22,11 +22,15 @@ import trio
 from node.compute.engine import Engine
 from node.model import DEFAULT_MODEL_DIR
 from node.policy_feed import PolicyFeed
+from node.roles.cheats import Rogue
+from node.roles.claims import ClaimBook
+from node.roles.evidence import EvidenceService
 from node.roles.ledger_sync import LedgerReplica
 from node.roles.trainer import Trainer
 from node.roles.validator import Validator
 from node.roles.worker import InferenceWorker, Tamper
 from node.runtime import Node
+from swarm.evidence import EvidenceStore
 from swarm.ledger import LedgerStore
 
 EngineFactory = Callable[[], Engine]
@@ -49,24 +53,29 @@ class RoleHandle:
     feed: PolicyFeed
     ledger: LedgerStore
     replica: LedgerReplica
+    evidence: EvidenceService
     worker: InferenceWorker | None = None
     validator: Validator | None = None
     trainer: Trainer | None = None
 
     def status(self) -> dict[str, Any]:
-        balances = self.ledger.balances()
         out: dict[str, Any] = {
             "shardcast": self.feed.status(),
-            "ledger": {
-                "events": len(self.ledger),
-                "balance": balances.of(self.node.peer_id),
-                "banned": sorted(p for p in balances.by_peer if balances.banned(p)),
-            },
+            "ledger": self.replica.status(),
         }
         if self.worker is not None:
             out["worker"] = {"loaded_version": self.worker.loaded, **vars(self.worker.stats)}
+        out["evidence"] = {
+            **self.evidence.store.usage(),
+            "served": self.evidence.served,
+            "fetched": self.evidence.fetched,
+        }
         if self.validator is not None:
-            out["validator"] = vars(self.validator.stats)
+            out["validator"] = {
+                **vars(self.validator.stats),
+                "claims": len(self.validator.claims),
+                "review": vars(self.validator.review.stats),
+            }
         if self.trainer is not None:
             t = self.trainer
             out["trainer"] = {
@@ -88,6 +97,7 @@ async def launch(
     engine_factory: EngineFactory | None = None,
     model_dir: Path = DEFAULT_MODEL_DIR,
     tamper: Tamper | None = None,
+    rogue: Rogue | None = None,
     max_versions: int | None = None,
     data_channel: bool = True,
     ledger_sync_every_s: float = 10.0,
@@ -101,7 +111,10 @@ async def launch(
     )
     ledger = LedgerStore(run_dir / "ledger.db", node.config.genesis)
     replica = LedgerReplica(node, ledger, every_s=ledger_sync_every_s)
-    handle = RoleHandle(node, feed, ledger, replica)
+    evidence = EvidenceService(node, EvidenceStore.beside(ledger.path))
+    evidence.serve()  # every holder serves what it keeps
+    handle = RoleHandle(node, feed, ledger, replica, evidence)
+    claims: ClaimBook | None = None
     node.status_extras["role_status"] = handle.status
     engine: Engine | None = None
     try:
@@ -120,7 +133,10 @@ async def launch(
                 nursery.start_soon(handle.trainer.run)
             elif node.role == "validator":
                 engine = await trio.to_thread.run_sync(engine_factory)
-                handle.validator = Validator(node, feed, engine, ledger)
+                claims = ClaimBook(run_dir / "claims.db")
+                handle.validator = Validator(
+                    node, feed, engine, ledger, evidence, claims, rogue=rogue
+                )
                 nursery.start_soon(handle.validator.run)
             elif node.role == "inference":
                 engine = await trio.to_thread.run_sync(engine_factory)
@@ -132,3 +148,6 @@ async def launch(
         if engine is not None:
             engine.close()
         ledger.close()
+        evidence.store.close()
+        if claims is not None:
+            claims.close()

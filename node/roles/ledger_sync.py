@@ -1,8 +1,11 @@
-"""Every node's ledger replica: events from gossip, plus a pull-based sync that repairs what
-gossip missed (a partition, a restart), so replicas converge on the same grow-only set.
+"""Every node's ledger replica: verdicts and events from gossip, plus a pull-based sync that
+repairs what gossip missed (a partition, a restart), so replicas converge on the same set.
 
-``/swarm-node/<run>/ledger-sync/1``: a request is msgpack ``["ids"]`` (answer: the ids we hold)
-or ``["get", [id, ...]]`` (answer: those events' envelopes, at most ``MAX_BATCH``).
+Gossip brings a verdict before its events (validators publish in that order); an event that
+still arrives first waits in the store's ``pending`` table until its verdict comes. Sync
+(``swarm.ledger.sync``: range-based set reconciliation, bounded messages) runs every
+``every_s`` against one random peer. Whatever the rules refuse, from gossip or sync, is logged
+with the reason and counted in ``status`` (``refused``, ``last_refusal``).
 """
 
 from __future__ import annotations
@@ -11,29 +14,19 @@ import logging
 import random
 from typing import Any
 
-import msgpack
 import trio
 
 from node.runtime import Node
-from swarm.errors import MalformedError, PeerError, SwarmError
+from swarm.errors import SwarmError
 from swarm.ledger import LedgerStore
-from swarm.messages import LedgerEvent, Signed, Verdict, decode
+from swarm.ledger.sync import MAX_ANSWER, MAX_REQUEST, SyncResult, pull, serve
+from swarm.messages import LedgerEvent, Signed, Verdict
 from swarm.net import StreamLimits
+from swarm.net.names import SYNC
 
 log = logging.getLogger(__name__)
 
-SYNC = "ledger-sync"
-MAX_BATCH = 512
-SYNC_LIMITS = StreamLimits(max_request=32 * MAX_BATCH + 1024, max_response=8 * 1024 * 1024)
-
-
-def _unpack_answer(peer: str, answer: bytes) -> Any:
-    """A peer's ledger-sync answer; ``PeerError`` when it is not msgpack (the sync loop then
-    moves on to another peer instead of dying)."""
-    try:
-        return msgpack.unpackb(answer, raw=False)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise PeerError(f"{peer} sent a malformed ledger-sync answer: {exc}") from exc
+SYNC_LIMITS = StreamLimits(max_request=MAX_REQUEST, max_response=MAX_ANSWER)
 
 
 class LedgerReplica:
@@ -42,6 +35,13 @@ class LedgerReplica:
         self.store = store
         self.every_s = every_s
         self.synced_events = 0
+        self.refused = 0
+        self.last_refusal = ""
+
+    def _refuse(self, what: str, why: str) -> None:
+        self.refused += 1
+        self.last_refusal = f"{what}: {why}"[:300]
+        log.warning("ledger refused %s", self.last_refusal)
 
     async def _on_gossip(self, signed: Signed[Any]) -> None:
         try:
@@ -50,47 +50,32 @@ class LedgerReplica:
             elif signed.envelope.kind == Verdict.KIND:
                 self.store.add_verdict(signed)
         except SwarmError as exc:
-            log.warning("%s refused: %s", signed.envelope.kind, exc)
+            self._refuse(f"gossiped {signed.envelope.kind} {signed.id.hex()[:16]}", str(exc))
 
     async def _on_sync(self, peer: str, body: bytes) -> bytes:
-        try:
-            request = msgpack.unpackb(body, raw=False)
-        except (ValueError, TypeError, msgpack.UnpackException) as exc:
-            raise MalformedError(f"bad ledger-sync request: {exc}") from exc
-        if not isinstance(request, list) or not request:
-            raise MalformedError("a ledger-sync request is a non-empty msgpack array")
-        op = request[0]
-        if op == "ids":
-            return msgpack.packb(sorted(self.store.ids()), use_bin_type=True)  # type: ignore[no-any-return]
-        if op == "get" and len(request) > 1 and isinstance(request[1], list):
-            wanted = [bytes(i) for i in request[1][:MAX_BATCH] if isinstance(i, bytes)]
-            return msgpack.packb(list(self.store.raw_events(wanted)), use_bin_type=True)  # type: ignore[no-any-return]
-        raise MalformedError(f"unknown ledger-sync operation {op!r}")
+        return serve(self.store, body)
 
-    async def sync_with(self, peer: str) -> int:
-        """Pull every event ``peer`` holds that we do not; returns how many were new."""
-        ids = _unpack_answer(
-            peer, await self.node.request(peer, SYNC, msgpack.packb(["ids"]), SYNC_LIMITS)
-        )
-        missing = [i for i in ids if isinstance(i, bytes)] if isinstance(ids, list) else []
-        missing = sorted(set(missing) - self.store.ids())
-        added = 0
-        for start in range(0, len(missing), MAX_BATCH):
-            body = msgpack.packb(["get", missing[start : start + MAX_BATCH]], use_bin_type=True)
-            raws = _unpack_answer(peer, await self.node.request(peer, SYNC, body, SYNC_LIMITS))
-            events = []
-            for raw in raws if isinstance(raws, list) else []:
-                try:
-                    events.append(decode(raw, LedgerEvent))
-                except SwarmError as exc:
-                    log.warning("peer %s sent a bad ledger event: %s", peer[-8:], exc)
-            for event in events:  # one by one: a bad event must not keep the good ones out
-                try:
-                    added += len(self.store.add([event]))
-                except SwarmError as exc:
-                    log.warning("peer %s sent a ledger event the rules refuse: %s", peer[-8:], exc)
-        self.synced_events += added
-        return added
+    async def sync_with(self, peer: str) -> SyncResult:
+        """Pull every event ``peer`` holds that we do not (with the verdicts they cite)."""
+
+        async def ask(body: bytes) -> bytes:
+            return await self.node.request(peer, SYNC, body, SYNC_LIMITS)
+
+        result = await pull(self.store, ask)  # SwarmError (PeerError, MalformedError) on a bad peer
+        for why in result.refused:
+            self._refuse(f"from {peer[-8:]}", why)
+        self.refused += result.refused_count - len(result.refused)
+        self.synced_events += result.added
+        return result
+
+    def status(self) -> dict[str, Any]:
+        """The ledger part of ``swarm-node status`` (``LedgerStore.status``: no fold)."""
+        return {
+            **self.store.status(self.node.peer_id),
+            "synced_events": self.synced_events,
+            "refused": self.refused,
+            "last_refusal": self.last_refusal,
+        }
 
     async def run(self) -> None:
         self.node.subscribe_ledger(self._on_gossip)

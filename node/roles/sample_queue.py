@@ -5,6 +5,9 @@ the step's number on the rows (``take``) before training; the checkpoint written
 records the version it produced. On restart ``recover(version)`` releases every reservation of a
 step that never completed (step >= the checkpoint's version), so the batch is trained exactly once
 whichever moment the trainer died at.
+
+Retention (``prune``): after each checkpoint the trainer drops the rows of versions that left the
+async window, so the file holds about ``async_level + 1`` versions' accepted work.
 """
 
 from __future__ import annotations
@@ -94,6 +97,18 @@ class SampleQueue:
         """Release reservations of steps that did not complete; returns how many."""
         cur = self._db.execute(
             "UPDATE accepted SET step = NULL WHERE step >= ?", (checkpoint_version,)
+        )
+        return cur.rowcount
+
+    def prune(self, min_version: int, checkpoint_version: int) -> int:
+        """Retention: drop submissions of versions below ``min_version`` (the async window's
+        floor), which no step can take any more, unless reserved by a step the checkpoint does
+        not cover yet. The window's own rows stay, trained or not, so a re-delivered submission
+        is still recognised and never trained twice; an older one re-delivered can never be
+        taken. Returns how many rows went."""
+        cur = self._db.execute(
+            "DELETE FROM accepted WHERE version < ? AND (step IS NULL OR step < ?)",
+            (min_version, checkpoint_version),
         )
         return cur.rowcount
 

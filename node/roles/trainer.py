@@ -28,11 +28,12 @@ from node.compute.grpo import CollapseGuard, Group, GRPOConfig, GRPOTrainer, Ste
 from node.model import DEFAULT_MODEL_DIR, load_causal_lm, model_info, tokenizer
 from node.policy_feed import PolicyFeed
 from node.roles.sample_queue import SampleQueue
-from node.roles.validator import SAMPLES, SAMPLES_LIMITS
 from node.run import suite_for
 from node.runtime import Node
 from swarm.errors import MalformedError, NotAuthorizedError, ValidationError
 from swarm.messages import REWARD_SCALE, RolloutSubmission, Verdict, decode
+from swarm.net.names import SAMPLES
+from swarm.net.protocols import SAMPLES_LIMITS
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +208,7 @@ class Trainer:
             )
             self.stats.rollbacks += 1
         await trio.to_thread.run_sync(self.grpo.save_checkpoint, self.checkpoint)
+        self.queue.prune(self.grpo.version - self.params.async_level, self.grpo.version)
         await self._publish_current()
         return stats
 

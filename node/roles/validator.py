@@ -1,11 +1,16 @@
 """The validator role: judge submissions, sign verdicts and ledger events, gossip them, and hand
 accepted samples to the trainers.
 
-Submissions arrive on ``/swarm-node/<run>/submit/1``; the answer is the signed Verdict. Judging
-runs one at a time off the event loop on the engine holding the submission's policy version
-(fetched through SHARDCAST when missing). A submission delivered twice gets its stored verdict
-again, never a second credit. Accepted work goes to every trainer as the pair (submission,
-verdict): both signed, so a trainer trusts neither this node nor the wire.
+Submissions arrive on ``/swarm-node/<run>/submit/1``; the answer is the signed Verdict. A
+submission passes each room once (``handle``): the precheck (no model), the assignment's claims
+(``node.roles.claims``: shared with the other validators through their gossiped verdicts), then
+the model, one at a time off the event loop on the engine holding the submission's policy
+version (fetched through SHARDCAST when missing). A submission delivered twice gets its stored
+verdict again; a copy judged by another validator is refused, not judged; a different signed
+submission of a claimed assignment is an equivocation, slashed with both envelopes as evidence
+(the other one fetched by the evidence protocol when only its verdict is known here). Accepted
+work goes to every trainer as the pair (submission, verdict): both signed, so a trainer trusts
+neither this node nor the wire. What other validators decide is read by ``node.roles.review``.
 """
 
 from __future__ import annotations
@@ -20,27 +25,25 @@ import trio
 
 from node.compute.engine import Engine
 from node.policy_feed import PolicyFeed
-from node.roles.judge import JudgeContext, Judgement, judge, precheck
-from node.roles.verdicts import record_judgement
-from node.roles.worker import SUBMIT, SUBMIT_LIMITS
+from node.roles.cheats import Rogue
+from node.roles.claims import Claim, ClaimBook
+from node.roles.evidence import EvidenceService
+from node.roles.judge import JudgeContext, Judgement, equivocation, judge, precheck
+from node.roles.review import PeerReview
+from node.roles.verdicts import Recorded, record_judgement
 from node.run import suite_for
 from node.runtime import Node
 from swarm.errors import NetworkError, RequestTimeout, SwarmError, ValidationError
-from swarm.ledger import LedgerStore
-from swarm.messages import LedgerEvent, RolloutSubmission, Signed, Verdict, decode
-from swarm.net import StreamLimits
+from swarm.ledger import Balances, LedgerStore
+from swarm.messages import RolloutSubmission, Signed, Verdict, decode
+from swarm.net.names import SAMPLES, SUBMIT
+from swarm.net.protocols import SAMPLES_LIMITS, SUBMIT_LIMITS
 
 log = logging.getLogger(__name__)
 
-SAMPLES = "samples"
 RETRY_FIRST_S = 1.0  # outbox retry after a failed hand-off, doubling up to RETRY_MAX_S
 RETRY_MAX_S = 8.0
 PULL_EVERY_S = 1.0  # at most one policy pull prompted by submissions, per this interval
-SAMPLES_LIMITS = StreamLimits(
-    max_request=RolloutSubmission.MAX_BYTES + Verdict.MAX_BYTES + 4096,
-    max_response=1024,
-    timeout=30.0,
-)
 
 
 @dataclass
@@ -50,16 +53,29 @@ class ValidatorStats:
     rejected_soft: int = 0
     rejected_hard: int = 0
     refused: int = 0
-    """Not judged at all: another run, or a banned worker."""
+    """Not judged at all: another run, a banned worker, a copy judged elsewhere."""
     judge_seconds: float = 0.0
 
 
 class Validator:
-    def __init__(self, node: Node, feed: PolicyFeed, engine: Engine, ledger: LedgerStore) -> None:
+    def __init__(
+        self,
+        node: Node,
+        feed: PolicyFeed,
+        engine: Engine,
+        ledger: LedgerStore,
+        evidence: EvidenceService,
+        claims: ClaimBook,
+        *,
+        rogue: Rogue | None = None,
+    ) -> None:
         self.node = node
         self.feed = feed
         self.engine = engine
         self.ledger = ledger
+        self.evidence = evidence
+        self.claims = claims
+        self.rogue = rogue
         self.params = node.config.genesis.message.params
         self.suite = suite_for(node.config.genesis.message)
         self.stats = ValidatorStats()
@@ -67,12 +83,14 @@ class Validator:
         self._lock = trio.Lock()
         self._handoff = trio.Event()
         self._last_pull = -PULL_EVERY_S
+        self.review = PeerReview(self)
 
     async def run(self) -> None:
         """Serve submissions, and fetch every announced version ahead of the work it brings."""
         self.node.handle(SUBMIT, self._on_submit, SUBMIT_LIMITS)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._deliver)
+            nursery.start_soon(self.review.run)
             await self._follow_policy()
 
     async def _follow_policy(self) -> None:
@@ -86,6 +104,8 @@ class Validator:
                 await trio.sleep(1.0)  # back off, then try the newest announcement again
                 continue
             wanted = announcement.message.version + 1
+            # Retention: claims matter only while their version can still be submitted.
+            self.claims.prune(announcement.message.version - self.params.async_level)
 
     async def _on_submit(self, peer: str, body: bytes) -> bytes:
         submission = decode(body, RolloutSubmission)
@@ -105,52 +125,166 @@ class Validator:
             await self.feed.pull([peer, *trainers])
         return (await self.handle(submission)).raw
 
+    def _context(self, newest_version: int | None = None) -> JudgeContext:
+        newest = self.node.policy.newest
+        if newest_version is None:
+            newest_version = -1 if newest is None else newest.message.version
+        return JudgeContext(
+            self.node.run_id, self.params, self.suite, newest_version, self.ledger.balances()
+        )
+
     async def handle(self, submission: Signed[RolloutSubmission]) -> Signed[Verdict]:
+        """Check, then decide, then record: precheck (no model), the assignment's claims (a
+        copy judged elsewhere is refused; a different submission of it is an equivocation),
+        then the model; sign, store, gossip."""
+        me = self.node.peer_id
+        s = submission.message
         async with self._lock:
-            stored = self.ledger.evidence(submission.id, "verdict")
-            if stored:
-                return decode(stored[0], Verdict)
-            s = submission.message
-            first = self.ledger.claim_request(
-                submission.signer, s.policy_version, s.counter, submission.id
-            )
-            related = (
-                []
-                if first is None
-                else [
-                    decode(raw, RolloutSubmission)
-                    for raw in self.ledger.evidence(first, "submission")[:1]
-                ]
-            )
-            newest = self.node.policy.newest
-            ctx = JudgeContext(
-                self.node.run_id,
-                self.params,
-                self.suite,
-                -1 if newest is None else newest.message.version,
-                self.ledger.balances(),
-            )
-            started = time.perf_counter()
-            judgement = await self._judge(submission, ctx, counter_seen=first is not None)
-            self.stats.judge_seconds += time.perf_counter() - started
+            claims = self.claims.of(submission.signer, s.policy_version, s.counter)
+            for claim in claims:
+                if claim.submission == submission.id and claim.validator == me and claim.verdict:
+                    raw = self.evidence.store.get(claim.verdict) or self.ledger.verdict_raw(
+                        claim.verdict
+                    )
+                    if raw is not None:  # delivered again: the same verdict, no second credit
+                        return decode(raw, Verdict)
+            ctx = self._context()
+            judgement = precheck(submission, ctx, counter_seen=False)
+            related: list[Signed[RolloutSubmission]] = []
+            if judgement is None:
+                judgement, related = await self._check_claims(submission, claims)
+            if judgement is None:
+                self.claims.claim(submission.signer, s.policy_version, s.counter, submission.id, me)
+                started = time.perf_counter()
+                judgement = await self._judge(submission, ctx)
+                self.stats.judge_seconds += time.perf_counter() - started
+                if self.rogue is not None:
+                    judgement = self.rogue(submission, judgement, ctx)
             recorded = record_judgement(
-                self.ledger, self.node.key, submission, judgement, self.params, related=related
+                self.ledger,
+                self.evidence.store,
+                self.node.key,
+                submission,
+                judgement,
+                self.params,
+                related=related,
             )
+            self.claims.note(recorded.verdict)
             if judgement.accepted:
-                # In the outbox before any await: a kill after this point loses nothing.
-                self.ledger.queue_handoff(submission.id, self.node.config.genesis.message.trainers)
+                # In the outbox before any await: a kill after this point loses nothing. The
+                # outbox holds the verdict's id; the verdict names the submission.
+                self.ledger.queue_handoff(
+                    recorded.verdict.id, self.node.config.genesis.message.trainers
+                )
         self._count(judgement)
-        await self._publish(recorded.verdict, recorded.events)
+        await self.publish(recorded)
         if judgement.accepted:
             self._handoff.set()
         return recorded.verdict
 
-    async def _judge(
-        self, submission: Signed[RolloutSubmission], ctx: JudgeContext, *, counter_seen: bool
-    ) -> Judgement:
-        early = precheck(submission, ctx, counter_seen=counter_seen)
-        if early is not None:
-            return early
+    async def _check_claims(
+        self, submission: Signed[RolloutSubmission], claims: list[Claim]
+    ) -> tuple[Judgement | None, list[Signed[RolloutSubmission]]]:
+        """None when nobody else claimed the assignment; an equivocation's Judgement (with the
+        other submission) when a different one did. Refuses (``ValidationError``) a copy judged
+        by another validator, and an assignment claimed by a submission nobody serves."""
+        me = self.node.peer_id
+        s = submission.message
+        where = f"request {s.counter} of policy v{s.policy_version}"
+        for claim in claims:
+            if claim.submission == submission.id and claim.validator != me:
+                self.stats.refused += 1
+                raise ValidationError(
+                    f"{where} was judged by validator {claim.validator}; it is not judged twice"
+                )
+        others = [c for c in claims if c.submission != submission.id]
+        for claim in others:
+            other = await self.evidence.fetch(claim.submission, [claim.validator])
+            if other is None or not isinstance(other.message, RolloutSubmission):
+                continue
+            judgement = equivocation(submission, other)
+            if judgement is not None:
+                return judgement, [other]
+        if others:
+            self.stats.refused += 1
+            raise ValidationError(
+                f"{where} is claimed by submission {others[0].submission.hex()[:16]}"
+                f" (validator {others[0].validator[-8:]}); not judged"
+            )
+        return None, []
+
+    async def rejudge(
+        self, submission: Signed[RolloutSubmission], disputed: Signed[Verdict]
+    ) -> Judgement | None:
+        """Judge again work that another validator accepted (``disputed``), as of its own
+        policy version and with a ledger where nobody is banned (a worker slashed since must
+        still be judged on this work). A hard rejection is signed and gossiped with a slash and
+        a dispute; returns the judgement, or None when the weights are not held here."""
+        s = submission.message
+        p = self.params
+        async with self._lock:
+            if self.feed.path_of(s.policy_version) is None:
+                return None
+            ctx = JudgeContext(
+                self.node.run_id,
+                p,
+                self.suite,
+                s.policy_version,
+                Balances(p.initial_balance, p.ban_threshold),
+            )
+            judgement = precheck(submission, ctx, counter_seen=False) or await self._judge(
+                submission, ctx
+            )
+            if judgement.accepted or judgement.severity != "hard":
+                return judgement
+            recorded = record_judgement(
+                self.ledger,
+                self.evidence.store,
+                self.node.key,
+                submission,
+                judgement,
+                p,
+                disputed=disputed,
+            )
+            self.claims.note(recorded.verdict)
+        await self.publish(recorded)
+        return judgement
+
+    async def slash_equivocation(self, other: Signed[RolloutSubmission]) -> bool:
+        """``other`` was judged elsewhere for an assignment this validator judged under another
+        submission: slash the equivocation with both envelopes. False when nothing is to be
+        done (the assignment's slash is known, or our envelope is gone)."""
+        me = self.node.peer_id
+        s = other.message
+        async with self._lock:
+            claims = self.claims.of(other.signer, s.policy_version, s.counter)
+            for claim in claims:
+                facts = None if claim.verdict is None else self.ledger.verdict_facts(claim.verdict)
+                if facts is not None and facts.equivocation:
+                    return False
+            mine = next((c for c in claims if c.validator == me and c.submission != other.id), None)
+            raw = None if mine is None else self.evidence.store.get(mine.submission)
+            if raw is None:
+                return False
+            judgement = equivocation(other, decode(raw, RolloutSubmission))
+            if judgement is None:
+                return False
+            recorded = record_judgement(
+                self.ledger,
+                self.evidence.store,
+                self.node.key,
+                other,
+                judgement,
+                self.params,
+                related=[decode(raw, RolloutSubmission)],
+            )
+            self.claims.note(recorded.verdict)
+        self._count(judgement)
+        await self.publish(recorded)
+        return True
+
+    async def _judge(self, submission: Signed[RolloutSubmission], ctx: JudgeContext) -> Judgement:
+        """The model's part of the judgement (the precheck passed): on the submission's version."""
         version = submission.message.policy_version
         if version != self._loaded:
             path = self.feed.path_of(version)
@@ -162,7 +296,7 @@ class Validator:
             await trio.to_thread.run_sync(self.engine.load_weights, str(path))
             self._loaded = version
         return await trio.to_thread.run_sync(
-            lambda: judge(submission, ctx, self.engine, counter_seen=counter_seen)
+            lambda: judge(submission, ctx, self.engine, counter_seen=False, prechecked=True)
         )
 
     def _count(self, judgement: Judgement) -> None:
@@ -176,12 +310,14 @@ class Validator:
         else:
             self.stats.refused += 1
 
-    async def _publish(self, verdict: Signed[Verdict], events: list[Signed[LedgerEvent]]) -> None:
-        batch: list[Signed[Any]] = [verdict, *events]
+    async def publish(self, recorded: Recorded) -> None:
+        """Gossip the verdict, then its events (a replica adds an event once its verdict is
+        held); best effort: ledger sync repairs what gossip loses."""
+        batch: list[Signed[Any]] = [recorded.verdict, *recorded.events]
         for signed in batch:
             try:
                 await self.node.publish_ledger(signed)
-            except SwarmError as exc:  # gossip is best effort; ledger sync repairs it
+            except SwarmError as exc:
                 log.warning("could not gossip %s: %s", signed.envelope.kind, exc)
 
     async def _deliver(self) -> None:
@@ -192,12 +328,15 @@ class Validator:
             pending = self.ledger.pending_handoffs()
             away: set[str] = set()  # trainers unreachable this round: skip the rest of theirs
             failed = False
-            for submission_id, trainer in pending:
+            for verdict_id, trainer in pending:
                 if trainer in away:
                     continue
-                raws = self.ledger.evidence(submission_id, "submission")
-                verdicts = self.ledger.evidence(submission_id, "verdict")
-                body = msgpack.packb([raws[0], verdicts[0]], use_bin_type=True)
+                pair = self._handoff_pair(verdict_id)
+                if pair is None:
+                    log.warning("accepted work %s is no longer held; not handed off", verdict_id)
+                    self.ledger.mark_handed(verdict_id, trainer)
+                    continue
+                body = msgpack.packb(pair, use_bin_type=True)
                 try:
                     await self.node.request(trainer, SAMPLES, body, SAMPLES_LIMITS)
                 except SwarmError as exc:
@@ -217,7 +356,7 @@ class Validator:
                     if type(exc) is NetworkError:  # no stream at all, not a refusal or timeout
                         await self.node.forget_peer(trainer)
                     continue
-                self.ledger.mark_handed(submission_id, trainer)
+                self.ledger.mark_handed(verdict_id, trainer)
             if failed:
                 await trio.sleep(backoff)  # retry later: the outbox keeps the work
                 backoff = min(backoff * 2, RETRY_MAX_S)
@@ -226,3 +365,11 @@ class Validator:
             if len(pending) < 64:
                 await self._handoff.wait()
                 self._handoff = trio.Event()
+
+    def _handoff_pair(self, verdict_id: bytes) -> list[bytes] | None:
+        """[submission, verdict] envelopes of accepted work, from the evidence store."""
+        verdict = self.evidence.store.get(verdict_id)
+        if verdict is None:
+            return None
+        submission = self.evidence.store.get(decode(verdict, Verdict).message.submission_id)
+        return None if submission is None else [submission, verdict]

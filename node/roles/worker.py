@@ -32,17 +32,10 @@ from node.runtime import Node
 from swarm.assignment import assign
 from swarm.errors import NetworkError, SwarmError
 from swarm.messages import PolicyAnnouncement, RolloutSubmission, Signed, Verdict, decode, sign
-from swarm.net import StreamLimits
+from swarm.net.names import SUBMIT
+from swarm.net.protocols import SUBMIT_LIMITS
 
 log = logging.getLogger(__name__)
-
-SUBMIT = "submit"
-SUBMIT_LIMITS = StreamLimits(
-    max_request=RolloutSubmission.MAX_BYTES + 1024,
-    max_response=Verdict.MAX_BYTES + 1024,
-    timeout=120.0,
-    concurrency=4,
-)
 
 Tamper = Callable[[RolloutSubmission], RolloutSubmission]
 """A cheating worker's edit of its own submission (tests and the demo's cheater only)."""

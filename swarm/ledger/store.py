@@ -1,26 +1,46 @@
 """The ledger's grow-only event set in SQLite (WAL; one transaction per batch; survives kill -9).
 
-The database holds each event's exact envelope bytes keyed by its id, so an auditor can re-verify
-every signature from the file alone, and the evidence behind slashes (the worker's signed
-submission and the validator's signed verdict), so the auditor can replay it. ``balances`` is the
-fold materialised after every batch: what ``ledger show`` prints and what ``audit`` re-derives.
-``add`` checks every event against the run's rules before it writes anything: a batch lands
-whole or not at all.
+Decisions this module owns:
+- Verify once, on insert. ``add`` receives decoded (signature-checked) events, checks each with
+  ``rules.check_event`` against the facts of its verdict (columns of the ``verdicts`` table,
+  decoded when the verdict was stored) and writes the decoded fields as columns next to the exact
+  envelope bytes. Nothing is re-verified afterwards except by ``audit``, which re-derives
+  everything from the envelopes.
+- Balances are kept incrementally, inside the batch's transaction: each event's ``slot`` and
+  ``delta`` are columns, ``counted`` marks the one event per slot that counts (the smallest id).
+  A new event with a smaller id than the counted one of its slot displaces it (the balance moves
+  by the difference); a larger one is stored uncounted. The result equals ``fold`` over the whole
+  set, whatever the order of arrival (tested).
+- A batch lands whole or not at all: any event the rules refuse raises before anything is
+  written. An event whose verdict is not held is not refused: it waits in ``pending`` (at most
+  ``MAX_PENDING``; beyond that it is refused) and is added as soon as ``add_verdict`` (or ``add``
+  with ``verdicts=``) brings the verdict. Pending events are outside the event set: they count
+  for nothing and sync does not offer them.
+- Reads never fold the ledger: ``balance``, ``banned``, ``page``, ``disputes`` and
+  ``balances().by_peer`` (a live view) are index lookups, whatever the ledger's size.
+- Sync reads range summaries (``swarm.ledger.reconcile``): an in-memory ``RangeIndex`` of the
+  top ranges, built on first use (one scan of the ids) and kept up to date after each commit.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from swarm.errors import StorageError
-from swarm.ledger.fold import Balances, fold
-from swarm.ledger.rules import check_event, check_verdict
+from swarm.errors import EvidenceMissingError, StorageError, ValidationError
+from swarm.ledger.fold import Balances
+from swarm.ledger.reconcile import INDEX_DIGITS, RangeIndex, bounds, summarise
+from swarm.ledger.records import SCHEMA as RECORDS_SCHEMA
+from swarm.ledger.records import WorkRecords
+from swarm.ledger.rules import Entry, VerdictFacts, check_event, check_verdict
 from swarm.messages import LedgerEvent, RunGenesis, Signed, Verdict, decode, run_id_of
 
+SCHEMA_VERSION = "2"
+MAX_PENDING = 10_000
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS events (
@@ -31,23 +51,23 @@ CREATE TABLE IF NOT EXISTS events (
     evidence BLOB NOT NULL,
     signer TEXT NOT NULL,
     created_at INTEGER NOT NULL,
+    slot TEXT NOT NULL,
+    delta INTEGER NOT NULL,
+    counted INTEGER NOT NULL,
     raw BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_peer ON events (peer);
-CREATE TABLE IF NOT EXISTS evidence (
+CREATE INDEX IF NOT EXISTS events_slot ON events (slot);
+CREATE INDEX IF NOT EXISTS events_disputes ON events (event) WHERE event = 'dispute';
+CREATE TABLE IF NOT EXISTS balances (peer TEXT PRIMARY KEY, balance INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS balances_low ON balances (balance);
+CREATE TABLE IF NOT EXISTS pending (
     id BLOB PRIMARY KEY,
-    kind TEXT NOT NULL,
-    subject BLOB NOT NULL,
+    waits_for BLOB NOT NULL,
+    reason TEXT NOT NULL,
     raw BLOB NOT NULL
 );
-CREATE INDEX IF NOT EXISTS evidence_subject ON evidence (subject);
-CREATE TABLE IF NOT EXISTS balances (peer TEXT PRIMARY KEY, balance INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS handoffs (
-    submission BLOB NOT NULL,
-    trainer TEXT NOT NULL,
-    delivered INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (submission, trainer)
-);
+CREATE INDEX IF NOT EXISTS pending_waits ON pending (waits_for);
 CREATE TABLE IF NOT EXISTS verdicts (
     id BLOB PRIMARY KEY,
     submission BLOB NOT NULL,
@@ -59,47 +79,71 @@ CREATE TABLE IF NOT EXISTS verdicts (
     reward_sum INTEGER NOT NULL,
     policy_version INTEGER NOT NULL,
     counter INTEGER NOT NULL,
+    equivocation INTEGER NOT NULL,
     created_at INTEGER NOT NULL,
     raw BLOB NOT NULL
 );
-CREATE INDEX IF NOT EXISTS verdicts_worker ON verdicts (worker);
-CREATE INDEX IF NOT EXISTS verdicts_version ON verdicts (policy_version);
-CREATE TABLE IF NOT EXISTS requests (
-    worker TEXT NOT NULL,
-    version INTEGER NOT NULL,
-    counter INTEGER NOT NULL,
-    submission BLOB NOT NULL,
-    PRIMARY KEY (worker, version, counter)
-);
 """
+_FACTS = (
+    "SELECT id, submission, worker, validator, accepted, severity, samples, policy_version,"
+    " counter, equivocation FROM verdicts WHERE id = ?"
+)
 
 
-class LedgerStore:
+@dataclass(frozen=True, slots=True)
+class EventRow:
+    """One stored event as ``ledger show`` prints it (no signature check: it was checked on
+    insert)."""
+
+    id: bytes
+    event: str
+    peer: str
+    amount: int
+    evidence: bytes
+    signer: str
+    created_at: int
+    counted: bool
+
+
+class LedgerStore(WorkRecords):
     """One run's ledger in one SQLite file. Not thread-safe: use it from one thread (the node's
     event loop), or open one store per thread."""
 
     def __init__(self, path: Path, genesis: Signed[RunGenesis]) -> None:
         self.path = path
         self.genesis = genesis
+        self._run_id = run_id_of(genesis)
+        self._index: RangeIndex | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(path, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-            row = self._db.execute("SELECT value FROM meta WHERE key = 'genesis'").fetchone()
-            if row is None:
-                self._db.execute("INSERT INTO meta VALUES ('genesis', ?)", (genesis.raw,))
-            elif bytes(row[0]) != genesis.raw:
+            # Ids are hashes, so inserts land at random pages of the id indexes: a page cache of
+            # 64 MiB (default 2 MiB) keeps their inner pages in memory at a million events.
+            self._db.execute("PRAGMA cache_size=-65536")
+            self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB)")
+            stored = dict(self._db.execute("SELECT key, value FROM meta"))
+            if "genesis" in stored and bytes(stored["genesis"]) != genesis.raw:
                 raise StorageError(
                     f"ledger {path} belongs to another run; use a separate file per run"
                 )
+            if "genesis" in stored and stored.get("schema") != SCHEMA_VERSION:
+                raise StorageError(
+                    f"ledger {path} has an older layout; move it aside and let the node "
+                    "sync a fresh one from its peers"
+                )
+            self._db.executescript(_SCHEMA + RECORDS_SCHEMA)
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('genesis', ?)", (genesis.raw,))
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
         except sqlite3.DatabaseError as exc:
             raise StorageError(f"ledger {path} cannot be opened: {exc}") from exc
 
     @classmethod
     def open_existing(cls, path: Path) -> LedgerStore:
         """Open a ledger file by itself, with the genesis it stores (what an auditor does)."""
+        from swarm.messages import RunGenesis
+
         if not path.exists():
             raise StorageError(f"no ledger at {path}")
         try:
@@ -113,160 +157,271 @@ class LedgerStore:
 
     @property
     def run_id(self) -> str:
-        return run_id_of(self.genesis)
+        return self._run_id
 
-    def add(self, events: Iterable[Signed[LedgerEvent]]) -> list[Signed[LedgerEvent]]:
-        """Check and store events; returns those that were new. Raises before writing anything
-        if any event breaks the run's rules."""
-        batch = list(events)
-        for event in batch:
-            check_event(event, self.genesis)
-        added = []
+    # -- writing -------------------------------------------------------------------------------
+
+    def add(
+        self,
+        events: Iterable[Signed[LedgerEvent]],
+        verdicts: Iterable[Signed[Verdict]] = (),
+    ) -> list[Signed[LedgerEvent]]:
+        """Store ``verdicts``, then check and store ``events``; returns the events that were new
+        to the set. Raises ``ValidationError`` before writing anything if any verdict or event
+        breaks the run's rules; events whose verdict is still missing go to ``pending``."""
+        batch_verdicts = {v.id: v for v in verdicts}
+        for verdict in batch_verdicts.values():
+            check_verdict(verdict, self.genesis, run_id=self._run_id)
+        facts = {vid: VerdictFacts.of(v) for vid, v in batch_verdicts.items()}
+
+        def lookup(verdict_id: bytes) -> VerdictFacts | None:
+            return facts.get(verdict_id) or self.verdict_facts(verdict_id)
+
+        checked: list[tuple[Signed[LedgerEvent], Entry, str]] = []
+        waiting: list[tuple[Signed[LedgerEvent], EvidenceMissingError]] = []
+        for event in events:
+            signer = event.signer
+            try:
+                entry = check_event(event, self.genesis, lookup, signer=signer, run_id=self._run_id)
+                checked.append((event, entry, signer))
+            except EvidenceMissingError as exc:
+                waiting.append((event, exc))
+        if waiting and self.pending_count() + len(waiting) > MAX_PENDING:
+            raise ValidationError(
+                f"{len(waiting)} event(s) cite verdicts not held and {MAX_PENDING} already wait"
+            )
+        added: list[Signed[LedgerEvent]] = []
+        new_ids: list[bytes] = []
         try:
             self._db.execute("BEGIN IMMEDIATE")
-            for event in batch:
-                e = event.message
-                cursor = self._db.execute(
-                    "INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        event.id,
-                        e.event,
-                        e.peer,
-                        e.amount,
-                        e.evidence,
-                        event.signer,
-                        e.created_at,
-                        event.raw,
-                    ),
-                )
-                if cursor.rowcount:
+            for verdict in batch_verdicts.values():
+                self._insert_verdict(verdict, facts[verdict.id])
+            for event, entry, signer in checked:
+                if self._insert(event, entry, signer):
                     added.append(event)
-            if added:
-                self._materialise()
+                    new_ids.append(entry.id)
+            for event, why in waiting:
+                self._db.execute(
+                    "INSERT OR IGNORE INTO pending VALUES (?, ?, ?, ?)",
+                    (event.id, why.missing, str(why), event.raw),
+                )
             self._db.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
             with contextlib.suppress(sqlite3.Error):  # e.g. the store was closed at shutdown
                 self._db.execute("ROLLBACK")
             raise StorageError(f"ledger {self.path}: write failed: {exc}") from exc
+        if self._index is not None:
+            for new_id in new_ids:
+                self._index.add(new_id)
+        if batch_verdicts:
+            added += self._release(list(batch_verdicts))
         return added
 
-    def _materialise(self) -> None:
-        """Rewrite the balances table from a fold over every event (inside the caller's
-        transaction). O(events) per batch: a run's ledger stays small next to its rollouts."""
-        balances = self.balances()
-        self._db.execute("DELETE FROM balances")
-        self._db.executemany("INSERT INTO balances VALUES (?, ?)", balances.by_peer.items())
+    def add_verdict(self, verdict: Signed[Verdict]) -> bool:
+        """Keep a verdict (our own or one gossiped by another validator) and add the pending
+        events that waited for it. Raises unless a genesis validator signed it for this run;
+        False when it was known."""
+        check_verdict(verdict, self.genesis, run_id=self._run_id)
+        if self.verdict_facts(verdict.id) is not None:
+            return False
+        try:
+            self._insert_verdict(verdict, VerdictFacts.of(verdict))
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(f"ledger {self.path}: write failed: {exc}") from exc
+        self._release([verdict.id])
+        return True
+
+    def _release(self, verdict_ids: list[bytes]) -> list[Signed[LedgerEvent]]:
+        """Add the pending events that waited for these verdicts."""
+        added: list[Signed[LedgerEvent]] = []
+        if self._db.execute("SELECT 1 FROM pending LIMIT 1").fetchone() is None:
+            return added  # the common case: nothing waits, no lookup per verdict
+        for verdict_id in verdict_ids:
+            rows = self._db.execute(
+                "SELECT id, raw FROM pending WHERE waits_for = ?", (verdict_id,)
+            ).fetchall()
+            for event_id, raw in rows:
+                self._db.execute("DELETE FROM pending WHERE id = ?", (event_id,))
+                # Refused now (say, a wrong amount): dropped, it can never become valid.
+                with contextlib.suppress(ValidationError):
+                    added += self.add([decode(bytes(raw), LedgerEvent)])
+        return added
+
+    def _insert_verdict(self, verdict: Signed[Verdict], f: VerdictFacts) -> None:
+        v = verdict.message
+        self._db.execute(
+            "INSERT OR IGNORE INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                verdict.id,
+                f.submission,
+                f.worker,
+                f.validator,
+                int(f.accepted),
+                f.severity,
+                len(v.rewards),
+                sum(v.rewards),
+                f.policy_version,
+                f.counter,
+                int(f.equivocation),
+                v.created_at,
+                verdict.raw,
+            ),
+        )
+
+    def _insert(self, event: Signed[LedgerEvent], entry: Entry, signer: str) -> bool:
+        """Insert one checked event and move the balances (inside the caller's transaction)."""
+        e = event.message
+        held = self._db.execute(
+            "SELECT id, peer, delta FROM events WHERE slot = ? AND counted = 1", (entry.slot,)
+        ).fetchone()
+        counts = held is None or entry.id < bytes(held[0])
+        cursor = self._db.execute(
+            "INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                entry.id,
+                e.event,
+                e.peer,
+                e.amount,
+                e.evidence,
+                signer,
+                e.created_at,
+                entry.slot,
+                entry.delta,
+                int(counts),
+                event.raw,
+            ),
+        )
+        if not cursor.rowcount:
+            return False
+        # A pending copy of this event (if any) goes when its verdict's arrival releases it.
+        if counts and entry.event != "dispute":
+            delta = entry.delta
+            if held is not None:
+                self._db.execute("UPDATE events SET counted = 0 WHERE id = ?", (held[0],))
+                delta -= int(held[2])
+            initial = self.genesis.message.params.initial_balance
+            self._db.execute(
+                "INSERT INTO balances VALUES (?, ?)"
+                " ON CONFLICT (peer) DO UPDATE SET balance = balance + ?",
+                (entry.peer, initial + delta, delta),
+            )
+        return True
+
+    # -- reading (index lookups only) ----------------------------------------------------------
+
+    def status(self, peer: str, *, banned_limit: int = 20) -> dict[str, object]:
+        """The ledger part of ``swarm-node status`` for ``peer``: index reads only, so it costs
+        the same on a ledger of a million events as on an empty one."""
+        return {
+            "events": len(self),
+            "balance": self.balance(peer),
+            "banned": self.banned(banned_limit),
+            "disputes": self.dispute_count(),
+            "pending": self.pending_count(),
+        }
+
+    def verdict_facts(self, verdict_id: bytes) -> VerdictFacts | None:
+        row = self._db.execute(_FACTS, (verdict_id,)).fetchone()
+        if row is None:
+            return None
+        vid, sub, worker, validator, accepted, severity, samples, version, counter, eq = row
+        return VerdictFacts(
+            bytes(vid),
+            bytes(sub),
+            worker,
+            validator,
+            bool(accepted),
+            severity,
+            int(samples) if accepted else 0,
+            int(version),
+            int(counter),
+            bool(eq),
+        )
+
+    def verdict_raw(self, verdict_id: bytes) -> bytes | None:
+        row = self._db.execute("SELECT raw FROM verdicts WHERE id = ?", (verdict_id,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def balance(self, peer: str) -> int:
+        row = self._db.execute("SELECT balance FROM balances WHERE peer = ?", (peer,)).fetchone()
+        return self.genesis.message.params.initial_balance if row is None else int(row[0])
+
+    def balances(self) -> Balances:
+        """Balances backed by the store's table: ``of(peer)`` is one lookup."""
+        p = self.genesis.message.params
+        return Balances(p.initial_balance, p.ban_threshold, _BalanceView(self._db))
 
     def stored_balances(self) -> dict[str, int]:
-        """The materialised balances (peers with at least one counted event)."""
-        return {p: int(b) for p, b in self._db.execute("SELECT peer, balance FROM balances")}
+        """Every materialised balance (peers with at least one counted event)."""
+        return dict(_BalanceView(self._db).items())
 
-    def add_evidence(self, kind: str, subject: bytes, raw: bytes) -> None:
-        """Keep a signed object (a submission or a verdict) that ``subject`` (a submission id)
-        refers to. Idempotent."""
-        try:
-            self._db.execute(
-                "INSERT OR IGNORE INTO evidence VALUES (?, ?, ?, ?)",
-                (hashlib.sha256(raw).digest(), kind, subject, raw),
-            )
-        except sqlite3.DatabaseError as exc:
-            raise StorageError(f"ledger {self.path}: write failed: {exc}") from exc
-
-    def add_verdict(self, verdict: Signed[Verdict]) -> bool:
-        """Keep a verdict (our own or one gossiped by another validator): the per-worker
-        accepted/rejected counts and the reward per policy version read this table. Raises
-        unless a genesis validator signed it for this run; False when it was known."""
-        check_verdict(verdict, self.genesis)
-        v = verdict.message
-        try:
-            cursor = self._db.execute(
-                "INSERT OR IGNORE INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    verdict.id,
-                    v.submission_id,
-                    v.worker,
-                    verdict.signer,
-                    int(v.accepted),
-                    v.severity,
-                    len(v.rewards),
-                    sum(v.rewards),
-                    v.policy_version,
-                    v.counter,
-                    v.created_at,
-                    verdict.raw,
-                ),
-            )
-        except sqlite3.DatabaseError as exc:
-            raise StorageError(f"ledger {self.path}: write failed: {exc}") from exc
-        return bool(cursor.rowcount)
-
-    def evidence(self, subject: bytes, kind: str | None = None) -> list[bytes]:
-        """Envelope bytes of the evidence about ``subject`` (optionally of one kind)."""
+    def banned(self, limit: int = 100) -> list[str]:
+        """Up to ``limit`` banned peers, lowest balance first."""
         rows = self._db.execute(
-            "SELECT kind, raw FROM evidence WHERE subject = ? ORDER BY id", (subject,)
+            "SELECT peer FROM balances WHERE balance < ? ORDER BY balance, peer LIMIT ?",
+            (self.genesis.message.params.ban_threshold, limit),
         )
-        return [bytes(raw) for k, raw in rows if kind is None or k == kind]
+        return [str(p) for (p,) in rows]
 
-    def claim_request(
-        self, worker: str, version: int, counter: int, submission: bytes
-    ) -> bytes | None:
-        """Record that ``submission`` is ``worker``'s request ``counter`` of ``version``.
-
-        Returns None while ``submission`` holds the claim (the first time, and when the same
-        submission is delivered again), else the id of the submission that claimed it first:
-        a validator's replay check.
-        """
-        try:
-            self._db.execute(
-                "INSERT OR IGNORE INTO requests VALUES (?, ?, ?, ?)",
-                (worker, version, counter, submission),
-            )
-            row = self._db.execute(
-                "SELECT submission FROM requests WHERE worker = ? AND version = ? AND counter = ?",
-                (worker, version, counter),
-            ).fetchone()
-        except sqlite3.DatabaseError as exc:
-            raise StorageError(f"ledger {self.path}: write failed: {exc}") from exc
-        first = bytes(row[0])
-        return None if first == submission else first
-
-    def queue_handoff(self, submission: bytes, trainers: Iterable[str]) -> None:
-        """Remember that accepted ``submission`` must reach each trainer (a durable outbox)."""
-        self._write(
-            "INSERT OR IGNORE INTO handoffs (submission, trainer) VALUES (?, ?)",
-            [(submission, t) for t in trainers],
-        )
-
-    def pending_handoffs(self, limit: int = 64) -> list[tuple[bytes, str]]:
+    def lowest(self, limit: int = 50) -> list[str]:
+        """The ``limit`` peers with the lowest balances (the banned first)."""
         rows = self._db.execute(
-            "SELECT submission, trainer FROM handoffs WHERE delivered = 0 LIMIT ?", (limit,)
+            "SELECT peer FROM balances ORDER BY balance, peer LIMIT ?", (limit,)
         )
-        return [(bytes(s), str(t)) for s, t in rows]
+        return [str(p) for (p,) in rows]
 
-    def mark_handed(self, submission: bytes, trainer: str) -> None:
-        self._write(
-            "UPDATE handoffs SET delivered = 1 WHERE submission = ? AND trainer = ?",
-            [(submission, trainer)],
+    def page(
+        self, *, peer: str | None = None, before: bytes | None = None, limit: int = 50
+    ) -> list[EventRow]:
+        """Up to ``limit`` events in descending id order below ``before`` (paging)."""
+        sql = "SELECT id, event, peer, amount, evidence, signer, created_at, counted FROM events"
+        where: list[str] = []
+        args: list[object] = []
+        if peer is not None:
+            where.append("peer = ?")
+            args.append(peer)
+        if before is not None:
+            where.append("id < ?")
+            args.append(before)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = self._db.execute(sql + " ORDER BY id DESC LIMIT ?", (*args, limit))
+        return [
+            EventRow(bytes(i), ev, p, int(a), bytes(evd), s, int(c), bool(k))
+            for i, ev, p, a, evd, s, c, k in rows
+        ]
+
+    def disputes(self, limit: int = 100) -> list[Signed[LedgerEvent]]:
+        """Up to ``limit`` dispute events (open until an audit settles them by replay)."""
+        rows = self._db.execute(
+            "SELECT raw FROM events WHERE event = 'dispute' ORDER BY id LIMIT ?", (limit,)
+        )
+        return [decode(bytes(raw), LedgerEvent) for (raw,) in rows]
+
+    def dispute_count(self) -> int:
+        return int(
+            self._db.execute("SELECT count(*) FROM events WHERE event = 'dispute'").fetchone()[0]
         )
 
-    def _write(self, sql: str, rows: list[tuple[object, ...]]) -> None:
-        try:
-            self._db.executemany(sql, rows)
-        except sqlite3.DatabaseError as exc:
-            raise StorageError(f"ledger {self.path}: write failed: {exc}") from exc
+    def pending_count(self) -> int:
+        return int(self._db.execute("SELECT count(*) FROM pending").fetchone()[0])
 
-    def evidence_of_kind(self, kind: str) -> Iterator[bytes]:
-        """Every stored evidence envelope of one kind ("submission" or "verdict")."""
-        for (raw,) in self._db.execute(
-            "SELECT raw FROM evidence WHERE kind = ? ORDER BY id", (kind,)
-        ):
-            yield bytes(raw)
+    def is_counted(self, event_id: bytes) -> bool:
+        row = self._db.execute("SELECT counted FROM events WHERE id = ?", (event_id,)).fetchone()
+        return bool(row and row[0])
+
+    def __len__(self) -> int:
+        # max(rowid) is O(1); events are never deleted, so it equals count(*).
+        row = self._db.execute("SELECT max(rowid) FROM events").fetchone()
+        return int(row[0] or 0)
+
+    # -- the whole set (audit, tests, small ledgers) -------------------------------------------
 
     def ids(self) -> set[bytes]:
         return {bytes(r[0]) for r in self._db.execute("SELECT id FROM events")}
 
     def raw_events(self, ids: Iterable[bytes] | None = None) -> Iterator[bytes]:
-        """Envelope bytes of the given events (all when ``ids`` is None), for sync."""
+        """Envelope bytes of the given events (all when ``ids`` is None)."""
         if ids is None:
             for (raw,) in self._db.execute("SELECT raw FROM events ORDER BY id"):
                 yield bytes(raw)
@@ -280,11 +435,64 @@ class LedgerStore:
         for raw in self.raw_events():
             yield decode(raw, LedgerEvent)
 
-    def balances(self) -> Balances:
-        return fold(self.events(), self.genesis.message.params)
+    def raw_verdicts(self) -> Iterator[bytes]:
+        for (raw,) in self._db.execute("SELECT raw FROM verdicts ORDER BY id"):
+            yield bytes(raw)
 
-    def __len__(self) -> int:
-        return int(self._db.execute("SELECT count(*) FROM events").fetchone()[0])
+    # -- sync ----------------------------------------------------------------------------------
+
+    def range_summary(self, prefix: str) -> tuple[int, int]:
+        """(count, sum) of the event ids under a hex ``prefix`` (``swarm.ledger.reconcile``)."""
+        if len(prefix) <= INDEX_DIGITS:
+            if self._index is None:
+                self._index = RangeIndex(
+                    bytes(i) for (i,) in self._db.execute("SELECT id FROM events")
+                )
+            return self._index.summary(prefix)
+        return summarise(self.ids_under(prefix))
+
+    def ids_under(self, prefix: str, limit: int = -1) -> list[bytes]:
+        """The ids under a hex ``prefix``, in order (at most ``limit``; -1: all)."""
+        return [bytes(i) for (i,) in self._under("id", prefix, limit)]
+
+    def with_verdicts(self, id_prefix: bytes) -> Iterator[tuple[bytes, list[bytes]]]:
+        """The events whose id starts with ``id_prefix``, each with the verdicts it cites."""
+        for raw, evidence, event in self._under("raw, evidence, event", id_prefix.hex(), -1):
+            cited = [] if event == "grant" else [bytes(evidence)]
+            if event == "dispute":
+                cited += decode(bytes(raw), LedgerEvent).message.related
+            yield bytes(raw), [v for v in map(self.verdict_raw, cited) if v is not None]
+
+    def _under(self, columns: str, prefix: str, limit: int) -> list[tuple[Any, ...]]:
+        lo, hi = bounds(prefix)
+        sql = f"SELECT {columns} FROM events WHERE id >= ?"
+        args: tuple[object, ...] = (lo,)
+        if hi is not None:
+            sql += " AND id < ?"
+            args += (hi,)
+        return self._db.execute(sql + " ORDER BY id LIMIT ?", (*args, limit)).fetchall()
 
     def close(self) -> None:
         self._db.close()
+
+
+class _BalanceView(Mapping[str, int]):
+    """The balances table as a read-only mapping: lookups by key, never a whole-table read
+    unless iterated."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __getitem__(self, peer: str) -> int:
+        row = self._db.execute("SELECT balance FROM balances WHERE peer = ?", (peer,)).fetchone()
+        if row is None:
+            raise KeyError(peer)
+        return int(row[0])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(
+            [str(p) for (p,) in self._db.execute("SELECT peer FROM balances ORDER BY peer")]
+        )
+
+    def __len__(self) -> int:
+        return int(self._db.execute("SELECT count(*) FROM balances").fetchone()[0])

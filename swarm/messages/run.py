@@ -52,6 +52,9 @@ class RunParams:
     ban_threshold: int = 0
     slash_amount: int = 1000
     credit_per_sample: int = 1
+    rejudge_share: float = 0.05
+    """The share of other validators' accepted work each validator judges again (0 = off, 1 =
+    all); a disagreement becomes a signed dispute that the audit settles by replay."""
 
     # Keys this version does not know are kept (and re-signed unchanged) but not interpreted.
     extra: Mapping[str, int | str | bool] = field(default_factory=dict)
@@ -69,6 +72,10 @@ class RunParams:
             raise ConfigError("run parameter group_size must be at least 2 (GRPO compares a group)")
         if self.max_tokens < 1 or self.shard_size < 1:
             raise ConfigError("run parameters max_tokens and shard_size must be positive")
+        if self.rejudge_share > 1:
+            raise ConfigError(
+                f"run parameter rejudge_share is a share in [0, 1], not {self.rejudge_share}"
+            )
 
     def to_wire(self) -> dict[str, int | str | bool]:
         out: dict[str, int | str | bool] = dict(self.extra)

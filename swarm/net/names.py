@@ -19,8 +19,25 @@ NAMESPACE: Final = "swarm-node"
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 _TOPIC = re.compile(r"^swarm-node/([0-9a-f]{32})/(policy|ledger)$")
 
-STREAM_NAMES: Final = ("manifest", "shard", "submit", "ledger-sync")
-"""The request/response protocols the design names (later issues may add more)."""
+# The request/response protocols of a run, one constant per protocol: every role that serves
+# or asks one imports its name from here, never from another role's module.
+MANIFEST: Final = "manifest"
+"""SHARDCAST: a policy version's signed manifest (any holder)."""
+SHARD: Final = "shard"
+"""SHARDCAST: holdings, data channel offers and shard pieces (any holder)."""
+POLICY: Final = "policy"
+"""The newest PolicyAnnouncement a node holds (anti-entropy for lost gossip; every node)."""
+SUBMIT: Final = "submit"
+"""Worker -> validator: a signed RolloutSubmission; the answer is the signed Verdict."""
+SAMPLES: Final = "samples"
+"""Validator -> trainer: accepted work as the signed pair (submission, verdict)."""
+SYNC: Final = "ledger-sync"
+"""Ledger replicas reconcile their event sets (every node)."""
+EVIDENCE: Final = "evidence"
+"""A signed envelope by its id (sha256 of its bytes): the evidence behind verdicts, served by
+every holder (``node.roles.evidence``)."""
+STREAM_NAMES: Final = (MANIFEST, SHARD, POLICY, SUBMIT, SAMPLES, SYNC, EVIDENCE)
+"""Every request/response protocol of a run (``docs/protocol.md`` describes each)."""
 _STREAM_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 
 

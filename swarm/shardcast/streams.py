@@ -31,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 
 from swarm.errors import MalformedError, NetworkError, PeerError, SwarmError
 from swarm.messages import ShardManifest
+from swarm.net.names import MANIFEST, SHARD
 from swarm.net.paths import DirectPath, same_ip
 from swarm.net.streams import StreamLimits
 from swarm.shardcast.datachannel import DataChannelServer, DataChannelSource
@@ -45,8 +46,6 @@ from swarm.shardcast.protocol import (
 from swarm.shardcast.serve import ShardServer
 from swarm.shardcast.source import ShardNotHeld, ShardSink
 
-MANIFEST = "manifest"
-SHARD = "shard"
 MANIFEST_LIMITS = StreamLimits(
     max_request=4096, max_response=ShardManifest.MAX_BYTES + 1024, timeout=10.0
 )

@@ -20,7 +20,7 @@ FIELD_NAMES = (
     "size", "shard_size", "shard_hashes", "total_size", "accepted", "rewards", "reasons",
     "severity", "submission_id", "worker", "metrics", "event", "peer", "amount", "evidence",
     "role", "addrs", "issued_at", "expires_at", "software", "capabilities", "format", "cmd",
-    "genesis", "submission", "verdict", "related", "ids", "get",
+    "genesis", "submission", "verdict", "related", "ranges", "split", "get",
 )  # fmt: skip
 
 INTERESTING_INTS = (0, 1, -1, 255, 256, 65535, 65536, 2**31 - 1, 2**32, 2**63 - 1, -(2**63))

@@ -181,7 +181,7 @@ class LiveSwarm:
         version = decode(raw, ShardManifest).message.version
         raw = await self.send("shard", ShardRequest("have", version).to_bytes(), "honest")
         assert raw is not None and Holdings.from_bytes(raw).complete
-        raw = await self.send("ledger-sync", pack(["ids"]), "honest")
+        raw = await self.send("ledger-sync", pack(["ranges", [["", 0, b""]]]), "honest")
         assert raw is not None and isinstance(msgpack.unpackb(raw), list)
         honest_submission = sign(self._submission(self.honest.run_id), self.honest.key)
         raw = await self.send("submit", honest_submission.raw, "honest")
@@ -210,7 +210,7 @@ class LiveSwarm:
             "submit": (mallory_submission,),
             "samples": (pack([mallory_submission, verdict]),),
             "policy": (b"", b"\x00"),
-            "ledger-sync": (pack(["ids"]), pack(["get", [bytes(32)]])),
+            "ledger-sync": (pack(["ranges", [["", 0, b""]]]), pack(["get", [bytes(8)]])),
             "manifest": (ManifestRequest().to_bytes(), ManifestRequest(0).to_bytes()),
             "shard": tuple(
                 ShardRequest(op, 0, 0, 0, 100).to_bytes()  # type: ignore[arg-type]

@@ -8,9 +8,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from node.roles.ledger_sync import LedgerReplica, _unpack_answer
+from node.roles.ledger_sync import LedgerReplica
 from swarm.errors import MalformedError, PeerError, StorageError
 from swarm.ledger import LedgerStore
+from swarm.ledger.sync import pull
 from swarm.messages import LedgerEvent, run_id_of, sign
 from tests.fuzz.targets import GENESIS, KEY, OTHER
 
@@ -32,11 +33,20 @@ async def test_ledger_sync_refuses_requests_that_are_not_arrays_typed(
         store.close()
 
 
-def test_a_malformed_ledger_sync_answer_is_a_peer_error_not_a_crash() -> None:
-    with pytest.raises(PeerError, match="malformed ledger-sync answer"):
-        _unpack_answer("mallory", b"\xc1")
-    with pytest.raises(PeerError):
-        _unpack_answer("mallory", b"\x92\x01")  # truncated array
+@pytest.mark.parametrize("answer", [b"\xc1", b"\x92\x01"], ids=["reserved-byte", "truncated"])
+async def test_a_malformed_ledger_sync_answer_is_a_peer_error_not_a_crash(
+    tmp_path: Path, answer: bytes
+) -> None:
+    store = LedgerStore(tmp_path / "ledger.db", GENESIS)
+
+    async def mallory(body: bytes) -> bytes:
+        return answer
+
+    try:
+        with pytest.raises(PeerError, match="malformed ledger-sync answer"):
+            await pull(store, mallory)
+    finally:
+        store.close()
 
 
 def test_a_ledger_event_arriving_after_the_store_closed_is_a_storage_error(

@@ -18,6 +18,7 @@ from node.roles.judge import JudgeContext, Judgement, judge
 from node.roles.verdicts import record_judgement
 from node.run import create_genesis, suite_for
 from swarm.assignment import assign
+from swarm.evidence import EvidenceStore
 from swarm.identity import NodeKey
 from swarm.ledger import LedgerStore
 from swarm.messages import RolloutSubmission, RunParams, Signed, run_id_of, sign
@@ -52,7 +53,9 @@ def work(engine: TorchEngine, key: NodeKey, counter: int) -> RolloutSubmission:
 def validate(store: LedgerStore, engine: TorchEngine, sub: Signed[RolloutSubmission]) -> Judgement:
     ctx = JudgeContext(RUN, PARAMS, SUITE, 0, store.balances())
     j = judge(sub, ctx, engine, counter_seen=False)
-    record_judgement(store, VALIDATOR, sub, j, PARAMS)
+    evidence = EvidenceStore.beside(store.path)
+    record_judgement(store, evidence, VALIDATOR, sub, j, PARAMS)
+    evidence.close()
     return j
 
 
@@ -102,7 +105,9 @@ def test_audit_disagrees_with_a_slash_of_honest_work(
     store = LedgerStore(tmp_path / "ledger.db", GENESIS)
     honest = sign(work(engine, HONEST, 1), HONEST)
     unfair = Judgement(False, "hard", ["made up"])
-    record_judgement(store, VALIDATOR, honest, unfair, PARAMS)
+    evidence = EvidenceStore.beside(store.path)
+    record_judgement(store, evidence, VALIDATOR, honest, unfair, PARAMS)
+    evidence.close()
     store.close()
     rows = audit_ledger(tmp_path / "ledger.db", policy_dir_source(None))
     assert [r.ok for r in rows if r.check == "slash replay"] == [False]
@@ -121,3 +126,20 @@ def test_audit_of_a_missing_or_foreign_file_is_a_clear_error(
             main(["audit", str(path)])
         assert done.value.code == 2
         assert capsys.readouterr().err.startswith("error:")
+
+
+def test_audit_from_the_swarm_needs_a_run_and_a_valid_bootstrap_address(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from node.run import write_genesis
+
+    write_genesis(GENESIS, tmp_path / "run.genesis")
+    for argv, said in (
+        (["audit"], "name what to audit"),
+        (["audit", "--run", str(tmp_path / "run.genesis")], "name what to audit"),
+        (["audit", "--run", str(tmp_path / "run.genesis"), "--bootstrap", "nonsense"], "nonsense"),
+    ):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and err.startswith("error:") and said in err, err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 from collections.abc import Iterator
@@ -17,9 +18,25 @@ from node.model import DEFAULT_MODEL_DIR
 from node.model import tokenizer as tok
 from node.tasks import default_suite
 from swarm.errors import EngineError
-from swarm.toploc import build_proofs, proofs_pass, verify_proofs
+from swarm.toploc import (
+    CHUNK_SIZE,
+    ProofCheck,
+    ProofThresholds,
+    build_proofs,
+    proofs_pass,
+    verify_proofs,
+)
 
 PROMPTS = [tok.encode(default_suite().task(i).prompt) for i in range(6)]
+DEFAULTS = ProofThresholds()  # the run genesis defaults: <= 38 mismatches, mean 10, median 8
+
+
+def checks_of(hidden: np.ndarray, claimed: np.ndarray) -> list[ProofCheck]:
+    """Proofs built from ``claimed`` checked against ``hidden``: one check per chunk, never an
+    empty list (on which every "all pass" would hold)."""
+    checks = verify_proofs(hidden, build_proofs(claimed))
+    assert len(checks) == math.ceil(len(hidden) / CHUNK_SIZE) >= 1
+    return checks
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +66,18 @@ def test_prefill_reproduces_generation(engine: TorchEngine) -> None:
     pres = engine.prefill_batch([(p, g.tokens) for p, g in zip(PROMPTS, gens, strict=True)])
     for g, pre in zip(gens, pres, strict=True):
         assert pre.logits.shape == (len(g.tokens), tok.VOCAB_SIZE)
-        checks = verify_proofs(pre.hidden, build_proofs(g.hidden))
-        assert all(c.exp_mismatches == 0 and c.mant_err_mean <= 1 for c in checks)
+        checks = checks_of(pre.hidden, g.hidden)
+        assert all(c.exp_mismatches == 0 and c.mant_err_mean <= 1 for c in checks), checks
+
+
+def test_proofs_of_other_hidden_states_fail_the_thresholds(engine: TorchEngine) -> None:
+    """The control that makes the passing checks above mean something: the same tokens after
+    another prompt give other hidden states, and their proofs fail the default thresholds."""
+    (g,) = engine.generate(PROMPTS[:1], [3], 1.0, 40)
+    honest = engine.prefill(PROMPTS[0], g.tokens)
+    elsewhere = engine.prefill(PROMPTS[1], g.tokens)
+    assert proofs_pass(checks_of(honest.hidden, g.hidden), DEFAULTS)
+    assert not proofs_pass(checks_of(honest.hidden, elsewhere.hidden), DEFAULTS)
 
 
 def test_hidden_is_post_norm_it_feeds_the_lm_head(engine: TorchEngine) -> None:
@@ -95,10 +122,10 @@ def test_child_generates_what_the_in_process_engine_does(
     # The child runs one thread, this process more: float reductions may round differently in
     # the last bit, so the hidden states agree as TOPLOC sees them, not bit for bit.
     for a, b in zip(here, there, strict=True):
-        assert proofs_pass(verify_proofs(b.hidden, build_proofs(a.hidden)))
+        assert proofs_pass(checks_of(b.hidden, a.hidden), DEFAULTS)
     pre = child.prefill(PROMPTS[0], there[0].tokens)
     mine = engine.prefill(PROMPTS[0], here[0].tokens)
-    assert proofs_pass(verify_proofs(pre.hidden, build_proofs(mine.hidden)))
+    assert proofs_pass(checks_of(pre.hidden, mine.hidden), DEFAULTS)
 
 
 @pytest.mark.slow
@@ -145,4 +172,5 @@ def test_vllm_engine_matches_torch_sampling() -> None:
     for i, (p, g) in enumerate(zip(PROMPTS, gens, strict=True)):
         pre = eng.prefill(p, g.tokens)
         assert check_sampling(pre.logits, g.tokens, i, 1.0, sample=i).ok
-        assert verify_proofs(pre.hidden, build_proofs(g.hidden))
+        checks = checks_of(pre.hidden, g.hidden)
+        assert proofs_pass(checks, DEFAULTS), checks

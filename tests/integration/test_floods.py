@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 import trio
+from libp2p.host.exceptions import StreamFailure
 
+from swarm.errors import NetworkError, PeerError, RequestTimeout
 from swarm.net import StreamLimits, stream_protocol
 from tests.fuzz.live import HANDLERS, LiveSwarm
 
@@ -40,63 +42,84 @@ def rss_kib() -> int:
 def test_oversized_requests_are_refused_and_honest_requests_still_pass(
     swarm: LiveSwarm, name: str
 ) -> None:
-    """20 requests one byte over the protocol's limit, sent at once, and 20 raw frames that
-    announce 4 GiB: every one is refused or reset within the protocol's deadline, and the
-    server counts them; then every protocol serves an honest peer."""
+    """20 requests one byte over the protocol's limit and 20 raw frames that announce 4 GiB, 4 at
+    a time: every one reaches the protocol's handler and is refused or reset there within the
+    deadline (a timeout, an answer or any other error fails the test), the server counts every
+    one, and then every protocol serves an honest peer."""
     server = swarm.target_node(name).servers[name]
     limit = server.limits.max_request
     big = StreamLimits(max_request=limit + 1, max_response=8 << 20, timeout=30.0)
     target = swarm.target_node(name).peer_id
     protocol = stream_protocol(swarm.trainer.run_id, name)
 
-    async def flood() -> list[bool]:
-        outcomes: list[bool] = []
+    async def flood() -> list[str]:
+        outcomes: list[str] = []
 
         async def oversized() -> None:
             try:
                 await swarm.mallory.request(target, name, b"\x00" * (limit + 1), big)
-                outcomes.append(True)  # answered: over the limit, yet served
-            except Exception:
-                outcomes.append(False)
+                outcomes.append("served")  # answered: over the limit, yet served
+            except RequestTimeout:
+                outcomes.append("timeout")  # held open: not refused within the deadline
+            except PeerError as exc:  # an explicit refusal
+                outcomes.append("refused" if "refused" in str(exc) else f"peer error: {exc}")
+            except NetworkError as exc:
+                if "cannot open" in str(exc):  # refused by libp2p before the protocol was agreed
+                    outcomes.append("unopened")
+                else:  # the stream was reset under the request
+                    outcomes.append("reset" if "failed" in str(exc) else f"network: {exc}")
 
         async def announces_4gib() -> None:
             try:
                 stream = await swarm.mallory.overlay.host.new_stream(
                     swarm.target_node(name).overlay.host.get_id(), [protocol]
                 )
-            except Exception:  # refused before the protocol was even agreed: also a refusal
-                outcomes.append(False)
+            except StreamFailure:  # refused by libp2p before the protocol was agreed
+                outcomes.append("unopened")
                 return
+            answer = b""
             try:
                 with trio.fail_after(server.limits.timeout + 5):
-                    with contextlib.suppress(Exception):  # shed at once: a reset on write
+                    try:
                         await stream.write(struct.pack(">I", 0xFFFFFFFF) + b"x" * 64)
-                        while await stream.read(65536):
-                            pass
-                outcomes.append(False)
+                        while chunk := await stream.read(65536):
+                            answer += chunk
+                        outcome = "closed"  # the server ended the stream, no answer
+                    except trio.TooSlowError:
+                        raise
+                    except Exception:  # a reset: libp2p raises its own stream errors
+                        outcome = "reset"
+            except trio.TooSlowError:
+                outcome = "timeout"
             finally:
                 with contextlib.suppress(Exception):
                     await stream.reset()
+            outcomes.append(f"answered {answer[:16]!r}" if answer else outcome)
 
-        async with trio.open_nursery() as nursery:
-            for _ in range(20):
-                nursery.start_soon(oversized)
-                nursery.start_soon(announces_4gib)
+        # In waves of 4 at once: under a burst of resets (8 MiB requests cut short) py-libp2p
+        # fails to negotiate some new streams before our protocol is agreed; those would test
+        # libp2p, not our limits.
+        for _ in range(10):
+            async with trio.open_nursery() as nursery:
+                for _ in range(2):
+                    nursery.start_soon(oversized)
+                    nursery.start_soon(announces_4gib)
         return outcomes
 
     before = server.served
     refused_before = server.refused + server.shed
     start = time.monotonic()
     outcomes = swarm.call(flood)
-    assert len(outcomes) == 40 and not any(outcomes), "a request over the limit was served"
+    assert len(outcomes) == 40
+    assert set(outcomes) <= {"refused", "reset", "closed", "unopened"}, outcomes
+    reached = 40 - outcomes.count("unopened")
+    assert reached >= 36, outcomes  # nearly all reached the handler: our limits refused them
     assert server.served == before
-    assert server.refused + server.shed >= refused_before + 20
+    assert server.refused + server.shed == refused_before + reached  # each one seen and counted
     assert time.monotonic() - start < server.limits.timeout + 10
     swarm.call(swarm.honest_round)
     assert swarm.call(swarm.status_seconds, swarm.target_node(name)) < 1.0
-    print(
-        f"{name}: 40 over-limit requests, {server.refused + server.shed - refused_before} refused"
-    )
+    print(f"{name}: 40 over-limit requests: {sorted(outcomes)}")
 
 
 def test_hundreds_of_half_open_connections_leave_the_node_responsive(swarm: LiveSwarm) -> None:

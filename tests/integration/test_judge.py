@@ -18,7 +18,7 @@ from node.roles.judge import JudgeContext, judge
 from node.tasks.suite import default_suite
 from swarm.assignment import assign
 from swarm.identity import NodeKey
-from swarm.ledger import fold
+from swarm.ledger import Balances
 from swarm.messages import RolloutSubmission, RunParams, Signed, sign
 
 PARAMS = RunParams(
@@ -47,12 +47,9 @@ def honest(engine: TorchEngine) -> RolloutSubmission:
 
 
 def context(newest: int = 3, banned: bool = False) -> JudgeContext:
-    from swarm.messages import LedgerEvent
-
-    events = []
-    if banned:
-        events = [sign(LedgerEvent(RUN, "slash", WORKER.peer_id, 10_000, b"e", 0), WORKER)]
-    return JudgeContext(RUN, PARAMS, SUITE, newest, fold(events, PARAMS))
+    by_peer = {WORKER.peer_id: PARAMS.ban_threshold - 1} if banned else {}
+    balances = Balances(PARAMS.initial_balance, PARAMS.ban_threshold, by_peer)
+    return JudgeContext(RUN, PARAMS, SUITE, newest, balances)
 
 
 def resign(sub: RolloutSubmission, **changes: Any) -> Signed[RolloutSubmission]:
@@ -71,7 +68,6 @@ def test_honest_submission_is_accepted_with_verifier_rewards(
     j = judge(sign(honest, WORKER), context(), engine, counter_seen=False)
     assert j.accepted and j.severity == "none", j.reasons
     assert len(j.rewards) == 8 and all(r in (0.0, 1.0) for r in j.rewards)
-    assert [len(g.completions) for g in j.groups] == [4, 4]
     verdict = j.verdict(sign(honest, WORKER), 0)
     assert verdict.worker == WORKER.peer_id and verdict.accepted
 

@@ -10,6 +10,7 @@ import pytest
 
 from node.up import DEMO_PARAMS, LocalSwarm, UpConfig
 from swarm.ledger import LedgerStore
+from swarm.ledger.recheck import recheck
 from swarm.messages import Verdict, decode
 from tests.netfactory import wait_until
 
@@ -69,16 +70,27 @@ async def test_trainer_and_validator_survive_kill_9(tmp_path: Path) -> None:
     ledger = LedgerStore.open_existing(swarm.validator_ledger())
     accepted = {
         v.message.submission_id
-        for v in (decode(raw, Verdict) for raw in ledger.evidence_of_kind("verdict"))
+        for v in (decode(raw, Verdict) for raw in ledger.raw_verdicts())
         if v.message.accepted
     }
-    handed = {s for s, _ in ledger.pending_handoffs()}
+    handed = set()
+    for verdict_id, _ in ledger.pending_handoffs():  # the outbox holds verdict ids
+        facts = ledger.verdict_facts(verdict_id)
+        assert facts is not None
+        handed.add(facts.submission)
     # Every accepted submission reached the trainer, or still waits in the outbox: none lost.
     assert accepted <= queued | handed
     # Each queued submission was used by at most one step (one row per submission id).
     assert len(steps) <= len(queued)
-    # One credit per submission, whatever was re-judged after the validator's restart.
-    credits = [e for e in ledger.events() if e.message.event == "credit"]
-    counted = [e for e in credits if e.id in ledger.balances().counted]
-    assert len({e.message.evidence for e in counted}) == len(counted)
+    # One credit per assignment, whatever was re-judged after the validator's restart, and the
+    # balances the validator kept through the kill equal a fold of its events.
+    slots = [
+        slot
+        for (slot,) in ledger._db.execute(
+            "SELECT slot FROM events WHERE event = 'credit' AND counted = 1"
+        )
+    ]
+    assert slots and len(set(slots)) == len(slots)
+    check = recheck(ledger)
+    assert not check.refused and not check.balance_errors
     ledger.close()

@@ -45,3 +45,16 @@ def test_a_crash_after_the_checkpoint_keeps_the_batch_used(tmp_path: Path) -> No
     assert q.recover(checkpoint_version=1) == 0
     assert q.take(step=1, max_submissions=8, min_version=0) == []
     assert q.used_by(0) == [b"a"]
+
+
+def test_prune_drops_versions_outside_the_window_but_not_an_unfinished_step(
+    tmp_path: Path,
+) -> None:
+    q = SampleQueue(tmp_path / "q.db")
+    for i, v in enumerate([0, 0, 1, 3]):
+        q.put(bytes([i]), v, groups(v))
+    q.take(step=3, max_submissions=1, min_version=0)  # b"\x00" reserved by step 3
+    assert q.prune(min_version=2, checkpoint_version=3) == 2  # b"\x01" and b"\x02"
+    assert q.used_by(3) == [b"\x00"]  # the step the checkpoint does not cover keeps its rows
+    assert q.prune(min_version=2, checkpoint_version=4) == 1
+    assert q.pending() == 1 and not q.put(b"\x03", 3, groups(3))  # the window's rows stay

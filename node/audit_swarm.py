@@ -1,0 +1,185 @@
+"""Audit from the swarm alone: ``swarm-node audit --run RUN.genesis --bootstrap ADDR``.
+
+An auditor holds the genesis and a bootstrap address, nothing else. ``gather`` joins the run as
+a throwaway node (a fresh key, role ``inference``, advertising nothing it would serve besides
+what it fetched), and copies what the audit reads into a work folder:
+
+1. the ledger, by ledger sync with every validator (and any other peer) until a full round
+   brings nothing new;
+2. the evidence of every slash and dispute, and of a sample of ``credits`` counted credits
+   (``sample_credits``, the same draw ``audit_ledger`` replays), by the evidence protocol from
+   the accuser first, then any holder (``EvidenceService.keep``);
+3. the weights of every policy version those verdicts judged, by SHARDCAST (``--max-versions``
+   bounds it), into a shard store of the folder.
+
+``audit_ledger`` then replays the folder offline (the model runs only after the node left, so
+the replay never stalls a live event loop). What no peer served shows as a failed or unchecked
+row, never as agreement.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from node.audit import sample_credits
+from node.roles.evidence import EvidenceService, cited
+from node.roles.ledger_sync import LedgerReplica
+from node.runtime import Node, RuntimeConfig
+from node.shardcast import ShardcastService
+from swarm.errors import SwarmError
+from swarm.evidence import EvidenceStore
+from swarm.identity import NodeKey
+from swarm.ledger import LedgerStore
+from swarm.messages import LedgerEvent, RunGenesis, Signed, Verdict, decode
+from swarm.net import DialPolicy
+from swarm.shardcast import FetchConfig, ShardStore
+
+log = logging.getLogger(__name__)
+
+SYNC_ROUNDS = 5
+
+
+@dataclass
+class Gathered:
+    ledger: Path
+    evidence: Path
+    shards: Path
+    versions: list[int]
+    """Policy versions whose weights were fetched."""
+    missing_versions: list[int]
+    synced_from: list[str]
+
+    def policy_path(self, version: int) -> Path | None:
+        store = ShardStore(self.shards, keep=1 << 20)
+        return store.directory(version) / "data" if store.is_complete(version) else None
+
+
+async def gather(
+    genesis: Signed[RunGenesis],
+    bootstrap: Sequence[str],
+    workdir: Path,
+    *,
+    credits: int | None = 8,
+    listen: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
+    discover_s: float = 20.0,
+    dial: DialPolicy | None = None,
+) -> Gathered:
+    """Copy the ledger, the evidence and the weights an audit needs from the swarm."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = RuntimeConfig(
+        key=NodeKey.generate(),
+        genesis=genesis,
+        role="inference",
+        listen=listen,
+        bootstrap=bootstrap,
+        discover_every_s=1.0,
+        dial=dial or DialPolicy(),
+    )
+    ledger = LedgerStore(workdir / "ledger.db", genesis)
+    evidence_store = EvidenceStore(workdir / "evidence.db")
+    shards = ShardStore(workdir / "shards", keep=1 << 20)
+    try:
+        async with Node.start(config) as node:
+            evidence = EvidenceService(node, evidence_store)
+            evidence.serve()
+            validators = await _find_validators(node, genesis, discover_s)
+            synced = await _sync(LedgerReplica(node, ledger), node, validators)
+            replayed = await _keep_evidence(ledger, evidence, validators, credits)
+            versions = _versions_judged(ledger, evidence_store, replayed)
+            fetched, missing = await _fetch_weights(node, genesis, shards, versions)
+    finally:
+        ledger.close()
+        evidence_store.close()
+    return Gathered(
+        workdir / "ledger.db", workdir / "evidence.db", workdir / "shards", fetched, missing, synced
+    )
+
+
+async def _find_validators(node: Node, genesis: Signed[RunGenesis], wait_s: float) -> list[str]:
+    wanted = set(genesis.message.validators)
+    with trio.move_on_after(wait_s):
+        while not wanted <= set(node.peers_by_role().get("validator", [])):
+            await trio.sleep(0.2)
+    found = node.peers_by_role().get("validator", [])
+    if not found:
+        log.warning("no validator of the run found in %.0f s", wait_s)
+    return found
+
+
+async def _sync(replica: LedgerReplica, node: Node, validators: list[str]) -> list[str]:
+    """Sync with every validator, then every other peer, until a round adds nothing."""
+    others = [p for role, ps in node.peers_by_role().items() if role != "bootstrap" for p in ps]
+    peers = [p for p in dict.fromkeys([*validators, *others]) if p != node.peer_id]
+    answered: list[str] = []
+    for _ in range(SYNC_ROUNDS):
+        added = 0
+        for peer in peers:
+            try:
+                added += (await replica.sync_with(peer)).added
+            except SwarmError as exc:
+                log.info("ledger sync with %s failed: %s", peer[-8:], exc)
+                continue
+            if peer not in answered:
+                answered.append(peer)
+        if not added:
+            break
+    return answered
+
+
+async def _keep_evidence(
+    ledger: LedgerStore, evidence: EvidenceService, validators: list[str], credits: int | None
+) -> list[Signed[LedgerEvent]]:
+    """Fetch the evidence of every slash and dispute and of the sampled credits; returns
+    those events (what the audit replays)."""
+    events = list(ledger.events())
+    counted = {e.id for e in events if ledger.is_counted(e.id)}
+    accusing = [e for e in events if e.message.event in ("slash", "dispute")]
+    replayed = [*accusing, *sample_credits(events, counted, credits)]
+    for event in replayed:
+        await evidence.keep(cited(event), [event.signer, *validators], pinned=True)
+    return replayed
+
+
+def _versions_judged(
+    ledger: LedgerStore, evidence: EvidenceStore, events: list[Signed[LedgerEvent]]
+) -> list[int]:
+    versions: set[int] = set()
+    for event in events:
+        for object_id in cited(event):
+            raw = evidence.get(object_id) or ledger.verdict_raw(object_id)
+            if raw is None:
+                continue
+            try:
+                verdict = decode(raw, Verdict)
+            except SwarmError:
+                continue  # a submission: its verdict names the same version
+            if verdict.message.policy_version >= 0:
+                versions.add(verdict.message.policy_version)
+    return sorted(versions)
+
+
+async def _fetch_weights(
+    node: Node, genesis: Signed[RunGenesis], shards: ShardStore, versions: list[int]
+) -> tuple[list[int], list[int]]:
+    fetched: list[int] = []
+    missing: list[int] = []
+    async with ShardcastService.start(node, genesis, shards, data_channel=None) as service:
+        for version in versions:
+            if shards.is_complete(version):
+                fetched.append(version)
+                continue
+            try:
+                await service.fetch(
+                    version, config=FetchConfig(stall_timeout=10.0, give_up_after=30.0)
+                )
+            except SwarmError as exc:
+                log.warning("weights of policy v%d not fetched: %s", version, exc)
+                missing.append(version)
+                continue
+            fetched.append(version)
+    return fetched, missing

@@ -1,0 +1,97 @@
+"""The evidence protocol between real hosts on 127.0.0.1: any holder serves an envelope by its
+id; an unknown id or a malformed request is refused with a reason; bytes that do not hash to the
+asked id are never kept, and the asker moves on to the next holder; ``keep`` follows what a
+slash cites (its verdict, the verdict's submission, the other submission of an equivocation)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from node.roles.evidence import EvidenceService
+from node.roles.judge import OTHER_SUBMISSION
+from swarm.errors import PeerError
+from swarm.evidence import EvidenceStore
+from swarm.ledger import EQUIVOCATION
+from swarm.messages import LedgerEvent, RolloutSubmission, Sample, Verdict, sign
+from swarm.net.names import EVIDENCE
+from swarm.net.protocols import EVIDENCE_LIMITS
+from tests.netfactory import FAST_DIAL, NetFactory, key_named, wait_until
+
+WORKER = key_named("worker")
+
+
+def _submission(run_id: str, created_at: int) -> RolloutSubmission:
+    sample = Sample("0", (1, 2, 3), 7, (b"p" * 258,), "length")
+    return RolloutSubmission(run_id, 0, 0, ("0",), (sample,), created_at)
+
+
+async def test_evidence_is_served_by_id_checked_and_followed(tmp_path: Path) -> None:
+    async with NetFactory(validators=1) as net:
+        holder = await net.node("validator", bootstrap=[], connect_found_peers=False)
+        addr = holder.overlay.addrs()[:1]
+        liar = await net.node("inference", bootstrap=addr, connect_found_peers=False)
+        asker = await net.node("inference", bootstrap=addr, connect_found_peers=False)
+        await wait_until(lambda: len(holder.overlay.connected_peers()) == 2, 10)
+        await asker.overlay.dial(liar.overlay.addrs()[:1], FAST_DIAL)
+
+        run_id = holder.run_id
+        first = sign(_submission(run_id, 1), WORKER)
+        copy = sign(_submission(run_id, 2), WORKER)
+        verdict = sign(
+            Verdict(
+                run_id,
+                copy.id,
+                WORKER.peer_id,
+                False,
+                "hard",
+                (EQUIVOCATION,),
+                (),
+                3,
+                {OTHER_SUBMISSION: first.id.hex()},
+                0,
+                0,
+            ),
+            net.validator_keys[0],
+        )
+        slash = sign(
+            LedgerEvent(run_id, "slash", WORKER.peer_id, 1000, verdict.id, 3, related=(first.id,)),
+            net.validator_keys[0],
+        )
+        served = EvidenceService(holder, EvidenceStore(tmp_path / "holder.db"))
+        served.serve()
+        for signed in (first, copy, verdict):
+            served.store.put(signed.raw, signed.envelope.kind, pinned=True)
+
+        async def lie(peer: str, body: bytes) -> bytes:
+            return first.raw  # whatever was asked: the wrong bytes
+
+        liar.handle(EVIDENCE, lie, EVIDENCE_LIMITS)
+
+        # Refusals carry a reason.
+        with pytest.raises(PeerError, match="not held"):
+            await asker.request(holder.peer_id, EVIDENCE, b"\x00" * 32, EVIDENCE_LIMITS)
+        with pytest.raises(PeerError, match="32-byte"):
+            await asker.request(holder.peer_id, EVIDENCE, b"short", EVIDENCE_LIMITS)
+
+        fetcher = EvidenceService(asker, EvidenceStore(tmp_path / "asker.db"))
+        fetcher.serve()
+        # The liar is asked first and answers other bytes: skipped, the holder serves.
+        got = await fetcher.fetch(copy.id, [liar.peer_id, holder.peer_id])
+        assert got is not None and got.id == copy.id
+        assert first.id not in fetcher.store  # the liar's bytes were not kept
+        assert await fetcher.fetch(b"\x01" * 32, [liar.peer_id, holder.peer_id]) is None
+
+        # Keeping a slash's evidence follows what it cites, and pins it.
+        held = await fetcher.keep(
+            [slash.message.evidence, *slash.message.related], [holder.peer_id], pinned=True
+        )
+        assert {s.id for s in held} == {verdict.id, copy.id, first.id}
+        assert all(fetcher.store.pinned(i) for i in (verdict.id, copy.id, first.id))
+        # Now the asker is a holder too.
+        assert await holder.request(asker.peer_id, EVIDENCE, verdict.id, EVIDENCE_LIMITS) == (
+            verdict.raw
+        )
+        assert isinstance(held[0].message, Verdict)
+        assert isinstance(held[1].message, RolloutSubmission)
