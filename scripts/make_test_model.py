@@ -56,8 +56,7 @@ def corpus(seed: int, n: int = 4000) -> list[str]:
 
 def train_tokenizer(seed: int, vocab: int) -> Any:
     """A byte-level BPE tokenizer (``tokenizers``) with the ChatML specials first."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from tokenizers import trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     # Qwen2's own normaliser and pre-tokenizer (digits one by one), so the file means the same
@@ -95,8 +94,12 @@ def make_model(
 ) -> Path:
     """Write the model directory to ``out`` and return its path."""
     import torch
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config
-    from transformers import Qwen2ForCausalLM
+    from transformers import (
+        GenerationConfig,
+        PreTrainedTokenizerFast,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
