@@ -18,9 +18,9 @@ from bootstrap.peers import EMPTY_LIST_HELP, default_peers
 from bootstrap.service import BootstrapConfig, BootstrapPeer
 from cli.common import HomeOption, console, err_console, open_home
 from node import admin
-from node.model import DEFAULT_MODEL_DIR, model_info
 from node.roles.cheats import cheat_by_name
 from node.run import load_genesis
+from node.run_assets import AssetDirs, check_local
 from node.runtime import Node, RuntimeConfig, forever_policy
 from swarm.errors import ConfigError, SwarmError
 from swarm.messages import parse_role, run_id_of
@@ -165,8 +165,13 @@ def join(
         Path | None,
         typer.Option(
             "--model",
-            help="A local Hugging Face model directory (default: the embedded model).",
+            help="A local copy of the run's model (checked against the genesis's model card;"
+            " default: the home's cache, else fetched from peers).",
         ),
+    ] = None,
+    tasks: Annotated[
+        Path | None,
+        typer.Option("--tasks", help="A local copy of the run's JSONL data set (checked)."),
     ] = None,
     cheat: Annotated[
         str | None,
@@ -202,8 +207,8 @@ def join(
     config.check()  # unauthorized role, bad addresses: exit 2 before any network use
     _logging(verbose)
     tamper = cheat_by_name(cheat) if cheat is not None else None
-    model_dir = model if model is not None else DEFAULT_MODEL_DIR
-    model_info(model_dir)  # a bad --model is a clear error before any network use
+    # A local model or data set that differs from the genesis: exit 2 before any network use.
+    check_local(genesis.message, node_role, AssetDirs.under(node_home.path), model, tasks)
 
     from node.roles.launch import launch  # the role's engine and trainer load torch
 
@@ -215,7 +220,8 @@ def join(
                 node_home.run_dir(node.run_id),
                 tamper=tamper,
                 max_versions=max_versions,
-                model_dir=model_dir,
+                model_dir=model,
+                tasks=tasks,
                 torch_threads=1,
             ),
         ):

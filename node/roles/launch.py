@@ -5,7 +5,9 @@ fetching), the ledger replica, and the trainer, validator or inference worker.
         ...                                   # role.worker / role.validator / role.trainer
 
 The model runs in a child process by default (``engine_factory``); tests pass an in-process
-engine through the same interface.
+engine through the same interface. Before any role starts, the run's model and data set are
+resolved (``node.run_assets``: a local copy checked against the genesis, the home's cache, or
+fetched from peers) and served to peers; ``RoleHandle.assets`` says where they are.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from node.roles.ledger_sync import LedgerReplica
 from node.roles.trainer import Trainer
 from node.roles.validator import Validator
 from node.roles.worker import InferenceWorker, Tamper
+from node.run import suite_for
+from node.run_assets import AssetDirs, RunAssets, obtain
 from node.runtime import Node
 from swarm.ledger import LedgerStore
 
@@ -49,6 +53,7 @@ class RoleHandle:
     feed: PolicyFeed
     ledger: LedgerStore
     replica: LedgerReplica
+    assets: RunAssets | None = None
     worker: InferenceWorker | None = None
     validator: Validator | None = None
     trainer: Trainer | None = None
@@ -86,7 +91,9 @@ async def launch(
     run_dir: Path,
     *,
     engine_factory: EngineFactory | None = None,
-    model_dir: Path = DEFAULT_MODEL_DIR,
+    model_dir: Path | None = None,
+    tasks: Path | None = None,
+    asset_dirs: AssetDirs | None = None,
     tamper: Tamper | None = None,
     max_versions: int | None = None,
     data_channel: bool = True,
@@ -94,8 +101,12 @@ async def launch(
     torch_threads: int | None = None,
     policy_refresh_s: float = 10.0,
 ) -> AsyncIterator[RoleHandle]:
+    """``model_dir``/``tasks``: local copies of the run's model and data set (checked against
+    the genesis); default: the home's cache (``asset_dirs``, default under the node's home, else
+    under ``run_dir``), fetched from peers when missing."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    engine_factory = engine_factory or child_engine(model_dir)
+    home = node.config.home
+    dirs = asset_dirs or AssetDirs.under(home.path if home is not None else run_dir)
     feed = PolicyFeed(
         node, run_dir / "shards", data_channel=data_channel, refresh_every_s=policy_refresh_s
     )
@@ -108,6 +119,9 @@ async def launch(
         async with trio.open_nursery() as nursery:
             await nursery.start(feed.run)
             nursery.start_soon(replica.run)
+            handle.assets = assets = await obtain(node, feed, dirs, model=model_dir, tasks=tasks)
+            suite = suite_for(node.config.genesis.message, assets.data_set)
+            engine_factory = engine_factory or child_engine(assets.model_dir)
             if node.role == "trainer":
                 if torch_threads is not None:
                     import torch
@@ -115,16 +129,23 @@ async def launch(
                     # Small models train fastest on one thread, and a busy box has no spare core.
                     torch.set_num_threads(torch_threads)
                 handle.trainer = Trainer(
-                    node, feed, run_dir, model_dir=model_dir, max_versions=max_versions
+                    node,
+                    feed,
+                    run_dir,
+                    model_dir=assets.model_dir,
+                    max_versions=max_versions,
+                    suite=suite,
                 )
                 nursery.start_soon(handle.trainer.run)
             elif node.role == "validator":
                 engine = await trio.to_thread.run_sync(engine_factory)
-                handle.validator = Validator(node, feed, engine, ledger)
+                handle.validator = Validator(node, feed, engine, ledger, suite=suite)
                 nursery.start_soon(handle.validator.run)
             elif node.role == "inference":
                 engine = await trio.to_thread.run_sync(engine_factory)
-                handle.worker = InferenceWorker(node, feed, engine, run_dir, tamper=tamper)
+                handle.worker = InferenceWorker(
+                    node, feed, engine, run_dir, tamper=tamper, suite=suite
+                )
                 nursery.start_soon(handle.worker.run)
             yield handle
             nursery.cancel_scope.cancel()

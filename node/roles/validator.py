@@ -23,7 +23,7 @@ from node.policy_feed import PolicyFeed
 from node.roles.judge import JudgeContext, Judgement, judge, precheck
 from node.roles.verdicts import record_judgement
 from node.roles.worker import SUBMIT, SUBMIT_LIMITS
-from node.run import suite_for
+from node.run import TaskSource, suite_for
 from node.runtime import Node
 from swarm.errors import NetworkError, RequestTimeout, SwarmError, ValidationError
 from swarm.ledger import LedgerStore
@@ -55,13 +55,21 @@ class ValidatorStats:
 
 
 class Validator:
-    def __init__(self, node: Node, feed: PolicyFeed, engine: Engine, ledger: LedgerStore) -> None:
+    def __init__(
+        self,
+        node: Node,
+        feed: PolicyFeed,
+        engine: Engine,
+        ledger: LedgerStore,
+        *,
+        suite: TaskSource | None = None,
+    ) -> None:
         self.node = node
         self.feed = feed
         self.engine = engine
         self.ledger = ledger
         self.params = node.config.genesis.message.params
-        self.suite = suite_for(node.config.genesis.message)
+        self.suite = suite or suite_for(node.config.genesis.message)
         self.stats = ValidatorStats()
         self._loaded: int | None = None
         self._lock = trio.Lock()

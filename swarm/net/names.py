@@ -19,7 +19,7 @@ NAMESPACE: Final = "swarm-node"
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 _TOPIC = re.compile(r"^swarm-node/([0-9a-f]{32})/(policy|ledger)$")
 
-STREAM_NAMES: Final = ("manifest", "shard", "submit", "ledger-sync")
+STREAM_NAMES: Final = ("manifest", "shard", "submit", "ledger-sync", "run-files")
 """The request/response protocols the design names (later issues may add more)."""
 _STREAM_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 
