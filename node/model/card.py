@@ -104,9 +104,9 @@ def mismatch(ref: FileRef, path: Path) -> str | None:
         return "is missing"
     size = path.stat().st_size
     if size != ref.size:
-        return f"has {size} bytes, the run's model card says {ref.size}"
+        return f"has {size} bytes where the run's genesis binds {ref.size}"
     if sha256_file(path) != ref.sha256:
-        return "differs from the run's model card (sha256)"
+        return "differs from the file the run's genesis binds (sha256)"
     return None
 
 
