@@ -108,11 +108,24 @@ def audit(
         int | None,
         typer.Option("--credits", min=0, help="Replay a random sample of N credits (default all)."),
     ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            help="A copy of the run's model (checked against its card; default: the home's cache).",
+        ),
+    ] = None,
+    tasks: Annotated[
+        Path | None,
+        typer.Option("--tasks", help="A copy of the run's data set (default: the home's cache)."),
+    ] = None,
+    home: HomeOption = None,
 ) -> None:
     """Re-verify every signature and balance of a ledger and replay the evidence of every slash
     (exit 1 on any disagreement); or export/replay one self-contained proof bundle."""
     # The audit re-runs the model: torch loads only for this command.
     from node.audit import (
+        AuditAssets,
         audit_bundle,
         audit_ledger,
         export_bundle,
@@ -136,10 +149,11 @@ def audit(
         raise ConfigError("audit takes one LEDGER_DB or BUNDLE")
     path = Path(target[0])
     source = policy_dir_source(policy_dir)
+    assets = AuditAssets(model=model, tasks=tasks, home=home)
     if is_ledger_file(path):
-        rows = audit_ledger(path, source, credits=credits)
+        rows = audit_ledger(path, source, credits=credits, assets=assets)
     else:
-        rows = audit_bundle(path, source)
+        rows = audit_bundle(path, source, assets)
     bad = [r for r in rows if r.ok is False]
     unchecked = [r for r in rows if r.ok is None]
     if as_json:

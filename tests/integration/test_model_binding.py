@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from bootstrap.service import BootstrapConfig, BootstrapPeer
+from node.audit import AuditAssets, audit_ledger, policy_dir_source
 from node.compute.torch_engine import TorchEngine
 from node.home import NodeHome
 from node.model.card import ModelMismatchError, card_for_dir, check_dir
@@ -167,6 +168,15 @@ async def test_a_fresh_worker_fetches_the_bound_model_and_is_credited(
         # A worker with a different local model is refused before any work, the file named.
         with pytest.raises(ModelMismatchError, match=r"--model .*other-model: \S+ (differs|has)"):
             await swarm.start("wrong-worker", "inference", model_dir=other)
+        ledger_path = validator.ledger.path
+
+    # The audit loads the run's model by its card: here from the fresh worker's home cache.
+    policies = policy_dir_source(tmp_path / "trainer" / "policies")
+    rows = audit_ledger(ledger_path, policies, assets=AuditAssets(home=home.path))
+    assert any(r.check == "accept replay" for r in rows), rows
+    assert all(r.ok for r in rows), rows
+    with pytest.raises(ModelMismatchError, match="other-model"):
+        audit_ledger(ledger_path, policies, assets=AuditAssets(model=other, home=home.path))
 
 
 async def test_every_node_refuses_a_v0_that_is_not_the_cards_weights(
