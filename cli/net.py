@@ -18,6 +18,9 @@ from bootstrap.peers import EMPTY_LIST_HELP, default_peers
 from bootstrap.service import BootstrapConfig, BootstrapPeer
 from cli.common import HomeOption, console, err_console, open_home
 from node import admin
+from node.compute.devices import choose
+from node.model.loading import check_model_dir
+from node.model.text import chat_template_wanted
 from node.roles.cheats import cheat_by_name
 from node.run import load_genesis
 from node.run_assets import AssetDirs, check_local
@@ -173,6 +176,22 @@ def join(
         Path | None,
         typer.Option("--tasks", help="A local copy of the run's JSONL data set (checked)."),
     ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option("--engine", help="torch or vllm (inference and validators; default torch)."),
+    ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            "--device", help="cpu, cuda or cuda:N (default: cuda:0 if present, else cpu)."
+        ),
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype", help="float32 or bfloat16 (default: bfloat16 on CUDA, else float32)."
+        ),
+    ] = None,
     cheat: Annotated[
         str | None,
         typer.Option(
@@ -209,6 +228,9 @@ def join(
     tamper = cheat_by_name(cheat) if cheat is not None else None
     # A local model or data set that differs from the genesis: exit 2 before any network use.
     check_local(genesis.message, node_role, AssetDirs.under(node_home.path), model, tasks)
+    compute = choose(engine, device, dtype)  # no vllm, no CUDA, no such GPU: exit 2 here
+    if model is not None:  # tokenizer that does not fit, chat template missing: exit 2 here
+        check_model_dir(model, chat_template=chat_template_wanted(genesis.message))
 
     from node.roles.launch import launch  # the role's engine and trainer load torch
 
@@ -220,6 +242,7 @@ def join(
                 node_home.run_dir(node.run_id),
                 tamper=tamper,
                 max_versions=max_versions,
+                compute=compute,
                 model_dir=model,
                 tasks=tasks,
                 torch_threads=1,

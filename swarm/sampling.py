@@ -134,10 +134,13 @@ def check_sampling(
     *,
     sample: int = 0,
     tolerance: float = DEFAULT_TIE_TOLERANCE,
+    first_step: int = 0,
 ) -> SamplingCheck:
     """Check that every token is the seeded Gumbel-max choice of the validator's ``logits``.
 
-    ``logits`` is [n_tokens, vocab]: row ``t`` is the distribution that produced ``tokens[t]``.
+    ``logits`` is [n_tokens, vocab]: row ``t`` is the distribution that produced ``tokens[t]``,
+    the token of step ``first_step + t`` (a chunk of a longer sample starts past 0; positions
+    in the result, such as ``first_mismatch``, count from the chunk's first row).
     Raises :class:`ProofError` on mismatched shapes or a token outside the vocabulary.
     """
     import numpy as np
@@ -156,7 +159,9 @@ def check_sampling(
     if temperature == 0:
         scores = rows
     else:
-        noise = np.stack([gumbel_noise(seed, sample, t, rows.shape[1]) for t in range(n)])
+        noise = np.stack(
+            [gumbel_noise(seed, sample, first_step + t, rows.shape[1]) for t in range(n)]
+        )
         scores = rows / temperature + noise
     scores = np.where(np.isnan(scores), -np.inf, scores)
     best = np.max(scores, axis=1)

@@ -21,28 +21,44 @@ from typing import Any
 
 import trio
 
+from node.compute.devices import EngineChoice
 from node.compute.engine import Engine
 from node.model import DEFAULT_MODEL_DIR
+from node.model.loading import check_model_dir
+from node.model.text import chat_template_wanted
 from node.policy_feed import PolicyFeed
 from node.roles.ledger_sync import LedgerReplica
 from node.roles.trainer import Trainer
 from node.roles.validator import Validator
 from node.roles.worker import InferenceWorker, Tamper
 from node.run import suite_for
-from node.run_assets import AssetDirs, RunAssets, obtain
+from node.run_assets import AssetDirs, RunAssets, check_local, obtain
 from node.runtime import Node
 from swarm.ledger import LedgerStore
 
 EngineFactory = Callable[[], Engine]
 
 
-def child_engine(model_dir: Path = DEFAULT_MODEL_DIR) -> EngineFactory:
+def child_engine(
+    model_dir: Path = DEFAULT_MODEL_DIR,
+    choice: EngineChoice | None = None,
+    *,
+    chat_template: bool = False,
+) -> EngineFactory:
     """The production engine: the model in a child process, so the event loop stays free."""
+    choice = choice or EngineChoice()
 
     def make() -> Engine:
         from node.compute.child import ChildEngine
 
-        return ChildEngine(model_dir, threads=1)
+        return ChildEngine(
+            model_dir,
+            kind=choice.kind,
+            dtype=choice.dtype,
+            device=choice.device,
+            threads=1 if choice.device == "cpu" else None,
+            chat_template=chat_template,
+        )
 
     return make
 
@@ -96,6 +112,7 @@ async def launch(
     asset_dirs: AssetDirs | None = None,
     tamper: Tamper | None = None,
     max_versions: int | None = None,
+    compute: EngineChoice | None = None,
     data_channel: bool = True,
     ledger_sync_every_s: float = 10.0,
     torch_threads: int | None = None,
@@ -107,6 +124,10 @@ async def launch(
     run_dir.mkdir(parents=True, exist_ok=True)
     home = node.config.home
     dirs = asset_dirs or AssetDirs.under(home.path if home is not None else run_dir)
+    # Local copies that differ from the genesis are refused here, before anything starts.
+    await trio.to_thread.run_sync(
+        lambda: check_local(node.config.genesis.message, node.role, dirs, model_dir, tasks)
+    )
     feed = PolicyFeed(
         node, run_dir / "shards", data_channel=data_channel, refresh_every_s=policy_refresh_s
     )
@@ -121,7 +142,12 @@ async def launch(
             nursery.start_soon(replica.run)
             handle.assets = assets = await obtain(node, feed, dirs, model=model_dir, tasks=tasks)
             suite = suite_for(node.config.genesis.message, assets.data_set)
-            engine_factory = engine_factory or child_engine(assets.model_dir)
+            chat = chat_template_wanted(node.config.genesis.message)
+            # Tokenizer that does not fit the model, chat template missing: stop before work.
+            check_model_dir(assets.model_dir, chat_template=chat)
+            engine_factory = engine_factory or child_engine(
+                assets.model_dir, compute, chat_template=chat
+            )
             if node.role == "trainer":
                 if torch_threads is not None:
                     import torch
@@ -135,6 +161,7 @@ async def launch(
                     model_dir=assets.model_dir,
                     max_versions=max_versions,
                     suite=suite,
+                    device=(compute or EngineChoice()).device,
                 )
                 nursery.start_soon(handle.trainer.run)
             elif node.role == "validator":
