@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 RUN_FILES = "run-files"
 CHUNK = 1024 * 1024
+PROGRESS_EVERY_S = 5.0
 RUN_FILES_LIMITS = StreamLimits(max_request=128, max_response=CHUNK, timeout=30.0, concurrency=8)
 
 
@@ -109,6 +110,7 @@ def run_peers(node: Any) -> list[str]:
 async def _fetch_from(node: Any, peer: str, ref: FileRef, part: Path) -> None:
     """The whole file from ``peer`` into ``part``; ``PeerError`` for wrong or short bytes."""
     offset = 0
+    said = trio.current_time()
     with part.open("wb") as out:
         while offset < ref.size:
             data = await node.request(
@@ -118,6 +120,15 @@ async def _fetch_from(node: Any, peer: str, ref: FileRef, part: Path) -> None:
                 raise PeerError(f"{peer} sent {len(data)} bytes of {ref.name} at {offset}")
             out.write(data)
             offset += len(data)
+            if trio.current_time() - said >= PROGRESS_EVERY_S:
+                said = trio.current_time()
+                log.info(
+                    "fetching %s from %s: %.1f of %.1f MiB",
+                    ref.name,
+                    peer[-8:],
+                    offset / 2**20,
+                    ref.size / 2**20,
+                )
     if await trio.to_thread.run_sync(sha256_file, part) != ref.sha256:
         raise PeerError(f"{peer} sent {ref.name} with the wrong sha256")
 
