@@ -8,20 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.app import main
+from tests.system.test_cli_identity import run
 from tests.unit.test_model_card import fake_model
 
 DIAL_NOWHERE = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN"
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture
