@@ -23,10 +23,10 @@ Where it runs (item 5 of issue 11): checks 1-3 are :func:`check_claims`, which
 child in a node), fed by the engine's :meth:`~node.compute.engine.Engine.prefill_stream`. The
 sampling check walks each sample in chunks of positions whose logits take at most
 ``VerifySettings.chunk_bytes`` (default :data:`VERIFY_CHUNK_BYTES`, 256 MiB) including the
-float64 work arrays of :func:`swarm.sampling.check_sampling` (:data:`BYTES_PER_LOGIT` = 48 bytes
+float64 work arrays of :func:`swarm.sampling.check_sampling` (:data:`BYTES_PER_LOGIT` = 56 bytes
 per vocabulary entry and position); only the verdict numbers cross the pipe. Memory bound for a
-150k vocabulary (Qwen2's 151,936) and a 64 x 1024-token submission: 256 MiB / (151,936 x 48 B)
-= 36 positions per chunk, so the check holds <= 256 MiB of logits and work arrays at a time,
+150k vocabulary (Qwen2's 151,936) and a 64 x 1024-token submission: 256 MiB / (151,936 x 56 B)
+= 31 positions per chunk, so the check holds <= 256 MiB of logits and work arrays at a time,
 plus the bf16 hidden bits of the submission (64 x 1024 x hidden x 2 B: 117 MiB at hidden 896)
 and one prefill micro-batch of the torch engine (``PREFILL_TOKENS`` = 8,192 tokens of
 activations). Unchunked, the same submission's float32 logits alone are 64 x 1024 x 151,936 x
@@ -55,8 +55,9 @@ DEFAULT_MODEL_SUBMISSION_MANT_ERR = 1.2
 
 VERIFY_CHUNK_BYTES = 256 * 1024 * 1024
 """Logits and sampling work arrays of one chunk of positions at most (see the docstring)."""
-BYTES_PER_LOGIT = 48
-"""float32 logits + float64 copy, Gumbel noise, scores, masked scores, partition (6 arrays)."""
+BYTES_PER_LOGIT = 56
+"""float32 logits + float64 copy, Gumbel noise (drawn rows and their stack), scores, masked
+scores and partition: 4 + 6 x 8 bytes per vocabulary entry and position."""
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,7 @@ def make_model(
     kv_heads: int = 2,
     intermediate: int | None = None,
     vocab: int = 512,
+    model_vocab: int | None = None,
     max_positions: int = 2048,
     dtype: str = "float32",
 ) -> Path:
@@ -116,7 +117,8 @@ def make_model(
     eos_id = tok.token_to_id("<|im_end|>")
     pad_id = tok.token_to_id("<|endoftext|>")
     config = Qwen2Config(
-        vocab_size=tok.get_vocab_size(),
+        # Real models pad the embedding past the tokenizer (Qwen2: 151,643 ids, 151,936 rows).
+        vocab_size=max(model_vocab or 0, tok.get_vocab_size()),
         hidden_size=hidden,
         intermediate_size=intermediate or 2 * hidden,
         num_hidden_layers=layers,
