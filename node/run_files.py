@@ -5,8 +5,8 @@ Decisions this module owns:
 
 - Serving (``RunFileServer``): a node answers only for files the genesis binds that it holds,
   after checking them, looked up by sha256: a request cannot name a path. The request is
-  msgpack ``{"sha256": bin32, "offset": int}``; the answer is up to ``CHUNK`` bytes of the file
-  from ``offset`` (a requester walks the offsets, so any file size fits the stream limit).
+  msgpack ``{"sha256": bin32, "offset": int}``; the answer is up to ``CHUNK`` (4 MiB) bytes of
+  the file from ``offset`` (a requester walks the offsets, so any file size fits the limit).
 - Fetching (``fetch_file``): the whole file from one peer at a time, trainers first, then other
   run peers; the bytes land in ``<dest>.part`` and become ``dest`` only after their sha256 and
   size match the genesis. A peer that sends wrong bytes or refuses is skipped; while no peer
@@ -38,7 +38,8 @@ from swarm.net import StreamLimits
 log = logging.getLogger(__name__)
 
 RUN_FILES = "run-files"
-CHUNK = 1024 * 1024
+CHUNK = 4 * 1024 * 1024
+"""Bytes per answer: the size of a SHARDCAST stream piece (fewer streams, bounded memory)."""
 PROGRESS_EVERY_S = 5.0
 RUN_FILES_LIMITS = StreamLimits(max_request=128, max_response=CHUNK, timeout=30.0, concurrency=8)
 
