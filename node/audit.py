@@ -29,7 +29,6 @@ import msgpack
 
 from node.compute.torch_engine import TorchEngine
 from node.home import resolve_home
-from node.model import DEFAULT_MODEL_DIR
 from node.model.text import chat_template_wanted
 from node.roles.judge import JudgeContext, judge
 from node.run import TaskSource, suite_for
@@ -61,16 +60,14 @@ class AuditRow:
 
 
 def policy_dir_source(directory: Path | None) -> PolicySource:
-    """Weights of version v at ``DIR/v{v}.safetensors``; version 0 defaults to the embedded
-    model's own weights."""
+    """Weights of version v at ``DIR/v{v}.safetensors`` (version 0, when missing, replays on
+    the run's model: ``AuditAssets.v0_from_model``)."""
 
     def find(version: int) -> Path | None:
         if directory is not None:
             candidate = directory / f"v{version}.safetensors"
             if candidate.exists():
                 return candidate
-        if version == 0:
-            return DEFAULT_MODEL_DIR / "model.safetensors"
         return None
 
     return find
@@ -84,6 +81,9 @@ class AuditAssets:
     model: Path | None = None
     tasks: Path | None = None
     home: Path | None = None
+    v0_from_model: bool = True
+    """Version 0 replays on the model's own weights (the card's file) when the policy source
+    has none (False: only on what the source holds)."""
 
     def dirs(self) -> AssetDirs:
         return AssetDirs.under(resolve_home(self.home))
@@ -128,8 +128,11 @@ class _Engines:
     def get(self, version: int) -> TorchEngine:
         card = self.genesis.model
         path = self.source(version)
-        if version == 0 and card.weights is not None:
-            path = self.model_dir() / card.weights.name  # v0 is the card's weights
+        if path is None and version == 0 and self.assets.v0_from_model:
+            # Version 0 is the model's own weights: the card's file, or (a genesis from
+            # before cards) the model directory's model.safetensors.
+            name = card.weights.name if card.weights is not None else "model.safetensors"
+            path = self.model_dir() / name
         if path is None:
             raise ConfigError(
                 f"weights of policy version {version} not found; pass --policy-dir with"

@@ -6,7 +6,6 @@ v0 is not the card's weights never announces it, and a v0 that differs is refuse
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -29,27 +28,18 @@ from node.runtime import Node, RuntimeConfig
 from swarm.errors import ValidationError
 from swarm.messages import RunGenesis, RunParams, Signed
 from swarm.shardcast import publish
+from tests.hf_model import make_test_model
 from tests.netfactory import FAST_DIAL, LOOPBACK, key_named, wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
 PARAMS = RunParams(group_size=2, batch_prompts=1, max_tokens=6, async_level=2)
 
 
-def make_model(out: Path, seed: int) -> Path:
-    """``scripts/make_test_model.py``: a small Qwen2 with a BPE tokenizer and ChatML."""
-    spec = importlib.util.spec_from_file_location(
-        "make_test_model", ROOT / "scripts/make_test_model.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_model(out, seed=seed)  # type: ignore[no-any-return]
-
-
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return make_model(root / "run-model", seed=0), make_model(root / "other-model", seed=1)
+def models(hf_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The run's model (``scripts/make_test_model.py``: Qwen2, BPE tokenizer, ChatML) and
+    another one of the same shape (seed 1)."""
+    other = make_test_model(tmp_path_factory.mktemp("models") / "other-model", seed=1)
+    return hf_model_dir, other
 
 
 def data_set(path: Path) -> Path:
