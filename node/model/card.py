@@ -115,6 +115,13 @@ _checked: set[tuple[str, str, tuple[tuple[str, int, int], ...]]] = set()
 CLI's early check and the launch's check hash a large weights file once."""
 
 
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
 def _stamp(card: ModelSpec, directory: Path) -> tuple[str, str, tuple[tuple[str, int, int], ...]]:
     stats = []
     for ref in card.all_files():
@@ -134,8 +141,12 @@ def check_dir(
     for this card is not hashed again (the home's cache)."""
     if trust_marker:
         marker = directory / VERIFIED
-        if marker.is_file() and marker.read_text().strip() == card.card_id():
-            return
+        if (
+            marker.is_file()
+            and marker.read_text().strip() == card.card_id()
+            and all(_size(directory / ref.name) == ref.size for ref in card.all_files())
+        ):
+            return  # hashed when the marker was written; sizes catch a file lost since
     stamp = _stamp(card, directory)
     if stamp in _checked:
         return

@@ -88,6 +88,8 @@ def test_the_cache_marker_is_trusted_only_for_the_homes_own_cache(tmp_path: Path
     assert local_model(card, None, dirs) == cache
     mark_verified(card, cache)
     assert local_model(card, None, dirs) == cache
+    (cache / "tokenizer.json").unlink()  # lost after the check: the marker is not enough
+    assert local_model(card, None, dirs) is None
 
 
 def test_a_trainer_without_the_model_is_refused_before_network_use(tmp_path: Path) -> None:
