@@ -207,7 +207,14 @@ async def _fetch_v0(feed: PolicyFeed, give_up_after: float) -> Path:
         now = time.monotonic()
         if now - last[0] >= 5.0:
             last[0] = now
-            log.info("model weights (policy v0): %s", p.view())
+            log.info(
+                "model weights (policy v0): %.1f of %.1f MiB, %d/%d shards, %.1f MiB/s",
+                p.done_bytes / 2**20,
+                p.total_bytes / 2**20,
+                p.shards_done,
+                p.shards_total,
+                p.rate / 2**20,
+            )
 
     deadline = trio.current_time() + give_up_after
     while True:
