@@ -162,6 +162,18 @@ def audit(
         Path | None,
         typer.Option("--workdir", help="Where a swarm audit keeps what it fetched (default: temp)"),
     ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            help="A copy of the run's model (checked against its card; default: the home's cache).",
+        ),
+    ] = None,
+    tasks: Annotated[
+        Path | None,
+        typer.Option("--tasks", help="A copy of the run's data set (default: the home's cache)."),
+    ] = None,
+    home: HomeOption = None,
 ) -> None:
     """Re-verify every signature and balance of a ledger and replay the evidence of every slash
     and dispute (exit 1 on any disagreement); or export/replay one self-contained proof bundle.
@@ -169,6 +181,7 @@ def audit(
     first (a sample of 8 credits unless --credits says otherwise)."""
     # The audit re-runs the model: torch loads only for this command.
     from node.audit import (
+        AuditAssets,
         audit_bundle,
         audit_ledger,
         export_bundle,
@@ -181,7 +194,8 @@ def audit(
             raise ConfigError(
                 "name what to audit: LEDGER_DB, BUNDLE, or --run GENESIS --bootstrap ADDR"
             )
-        path, rows = _audit_swarm(run, bootstrap_peers, workdir, credits)
+        assets = AuditAssets(model=model, tasks=tasks, home=home)
+        path, rows = _audit_swarm(run, bootstrap_peers, workdir, credits, assets)
         _print_rows(path, rows, as_json)
         return
     if target[0] == "export":
@@ -200,15 +214,16 @@ def audit(
         raise ConfigError("audit takes one LEDGER_DB or BUNDLE")
     path = Path(target[0])
     source = policy_dir_source(policy_dir)
+    assets = AuditAssets(model=model, tasks=tasks, home=home)
     if is_ledger_file(path):
-        rows = audit_ledger(path, source, credits=credits)
+        rows = audit_ledger(path, source, credits=credits, assets=assets)
     else:
-        rows = audit_bundle(path, source)
+        rows = audit_bundle(path, source, assets)
     _print_rows(path, rows, as_json)
 
 
 def _audit_swarm(
-    run: Path, bootstrap: list[str], workdir: Path | None, credits: int | None
+    run: Path, bootstrap: list[str], workdir: Path | None, credits: int | None, assets: Any
 ) -> tuple[Path, list[Any]]:
     """Gather from the swarm (a node that leaves before the replay), then replay offline."""
     import tempfile
@@ -230,7 +245,9 @@ def _audit_swarm(
         console.print(f"weights not served by any peer: v{gathered.missing_versions}")
     evidence = EvidenceStore(gathered.evidence)
     try:
-        rows = audit_ledger(gathered.ledger, gathered.policy_path, credits=n, evidence=evidence)
+        rows = audit_ledger(
+            gathered.ledger, gathered.policy_path, credits=n, evidence=evidence, assets=assets
+        )
     finally:
         evidence.close()
     return gathered.ledger, rows

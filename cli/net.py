@@ -18,9 +18,12 @@ from bootstrap.peers import EMPTY_LIST_HELP, default_peers
 from bootstrap.service import BootstrapConfig, BootstrapPeer
 from cli.common import HomeOption, console, err_console, open_home
 from node import admin
-from node.model import DEFAULT_MODEL_DIR, model_info
+from node.compute.devices import choose
+from node.model.loading import check_model_dir
+from node.model.text import chat_template_wanted
 from node.roles.cheats import cheat_by_name, rogue_by_name
 from node.run import load_genesis
+from node.run_assets import AssetDirs, check_local
 from node.runtime import Node, RuntimeConfig, forever_policy
 from swarm.errors import ConfigError, SwarmError
 from swarm.messages import parse_role, run_id_of
@@ -165,7 +168,28 @@ def join(
         Path | None,
         typer.Option(
             "--model",
-            help="A local Hugging Face model directory (default: the embedded model).",
+            help="A local copy of the run's model (checked against the genesis's model card;"
+            " default: the home's cache, else fetched from peers).",
+        ),
+    ] = None,
+    tasks: Annotated[
+        Path | None,
+        typer.Option("--tasks", help="A local copy of the run's JSONL data set (checked)."),
+    ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option("--engine", help="torch or vllm (inference and validators; default torch)."),
+    ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            "--device", help="cpu, cuda or cuda:N (default: cuda:0 if present, else cpu)."
+        ),
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype", help="float32 or bfloat16 (default: bfloat16 on CUDA, else float32)."
         ),
     ] = None,
     cheat: Annotated[
@@ -205,8 +229,11 @@ def join(
     # A validator's --cheat is its own judgement edited (a rogue validator), a worker's its work.
     rogue = rogue_by_name(cheat) if cheat is not None and node_role == "validator" else None
     tamper = cheat_by_name(cheat) if cheat is not None and node_role != "validator" else None
-    model_dir = model if model is not None else DEFAULT_MODEL_DIR
-    model_info(model_dir)  # a bad --model is a clear error before any network use
+    # A local model or data set that differs from the genesis: exit 2 before any network use.
+    check_local(genesis.message, node_role, AssetDirs.under(node_home.path), model, tasks)
+    compute = choose(engine, device, dtype)  # no vllm, no CUDA, no such GPU: exit 2 here
+    if model is not None:  # tokenizer that does not fit, chat template missing: exit 2 here
+        check_model_dir(model, chat_template=chat_template_wanted(genesis.message))
 
     from node.roles.launch import launch  # the role's engine and trainer load torch
 
@@ -219,7 +246,9 @@ def join(
                 tamper=tamper,
                 rogue=rogue,
                 max_versions=max_versions,
-                model_dir=model_dir,
+                compute=compute,
+                model_dir=model,
+                tasks=tasks,
                 torch_threads=1,
             ),
         ):

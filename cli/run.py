@@ -10,7 +10,16 @@ import typer
 from rich.table import Table
 
 from cli.common import HomeOption, console, open_home
-from node.run import create_genesis, describe, load_genesis, parse_params, write_genesis
+from node.model import DEFAULT_MODEL_DIR
+from node.model.card import card_for_dir
+from node.run import (
+    DEFAULT_MODEL,
+    create_genesis,
+    describe,
+    load_genesis,
+    parse_params,
+    write_genesis,
+)
 from swarm.errors import ConfigError
 
 run_app = typer.Typer(
@@ -32,6 +41,27 @@ def run_create(
         list[str] | None, typer.Option("--param", help="Run parameter key=value (repeat).")
     ] = None,
     task_seed: Annotated[int, typer.Option("--task-seed", help="Seed of the task suite.")] = 0,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            help="Local Hugging Face model directory to bind (default: the embedded model).",
+        ),
+    ] = None,
+    model_name: Annotated[
+        str | None, typer.Option("--model-name", help="The model's name (default: the folder).")
+    ] = None,
+    chat_template: Annotated[
+        bool | None,
+        typer.Option(
+            "--chat-template/--no-chat-template",
+            help="Apply the model's chat template to prompts (default: when it has one).",
+        ),
+    ] = None,
+    tasks: Annotated[
+        Path | None,
+        typer.Option("--tasks", help="JSONL data set (prompt, answer, verifier) to bind."),
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")] = False,
     home: HomeOption = None,
 ) -> None:
@@ -39,9 +69,21 @@ def run_create(
     params = parse_params(param or [])
     if output.exists() and not force:
         raise ConfigError(f"{output} exists; pass --force to overwrite it or choose another -o")
+    card = card_for_dir(
+        model or DEFAULT_MODEL_DIR,
+        name=model_name or (model.resolve().name if model else DEFAULT_MODEL),
+        chat_template=chat_template,
+    )
     owner = open_home(home).load_key()
     genesis = create_genesis(
-        owner, name=name, trainers=trainer, validators=validator, params=params, task_seed=task_seed
+        owner,
+        name=name,
+        trainers=trainer,
+        validators=validator,
+        params=params,
+        model=card,
+        task_seed=task_seed,
+        task_data=tasks,
     )
     write_genesis(genesis, output)
     console.print(f"run {describe(genesis)['run_id']} written to {output}", highlight=False)

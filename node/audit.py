@@ -12,6 +12,11 @@ Evidence is looked up by id (``EvidenceLookup``): in the content-addressed evide
 to the ledger (``<run dir>/evidence.db``, what every validator keeps), then the ledger's own
 verdicts. ``node.audit_swarm`` fills such a store from the swarm (``audit --run --bootstrap``).
 
+The run's model is the one its genesis's card binds: ``AuditAssets.model`` (``--model``, checked
+against the card: a copy that differs is refused, the file named), else the home's cache that
+``join`` filled, else the embedded model when the card binds it. Version 0 replays on the card's
+weights file. A data-set run needs its data set the same way (``--tasks`` or the cache).
+
 A proof bundle (``export_bundle``) holds the genesis, the submission, the verdict and any related
 submissions (the other one of an equivocation) as signed envelopes in a msgpack map, so it
 replays without the ledger.
@@ -27,9 +32,11 @@ from pathlib import Path
 import msgpack
 
 from node.compute.torch_engine import TorchEngine
-from node.model import DEFAULT_MODEL_DIR
+from node.home import resolve_home
+from node.model.text import chat_template_wanted
 from node.roles.judge import OTHER_SUBMISSION, JudgeContext, equivocation, judge
-from node.run import suite_for
+from node.run import TaskSource, suite_for
+from node.run_assets import AssetDirs, local_data_set, local_model
 from swarm.errors import ConfigError, MalformedError, StorageError, SwarmError
 from swarm.evidence import EvidenceStore
 from swarm.ledger import EQUIVOCATION, LedgerStore, fold
@@ -59,16 +66,14 @@ class AuditRow:
 
 
 def policy_dir_source(directory: Path | None) -> PolicySource:
-    """Weights of version v at ``DIR/v{v}.safetensors``; version 0 defaults to the embedded
-    model's own weights."""
+    """Weights of version v at ``DIR/v{v}.safetensors`` (version 0, when missing, replays on
+    the run's model: ``AuditAssets.v0_from_model``)."""
 
     def find(version: int) -> Path | None:
         if directory is not None:
             candidate = directory / f"v{version}.safetensors"
             if candidate.exists():
                 return candidate
-        if version == 0:
-            return DEFAULT_MODEL_DIR / "model.safetensors"
         return None
 
     return find
@@ -103,23 +108,75 @@ class EvidenceLookup:
         return [] if found is None else [found]
 
 
-class _Engines:
-    """One fp32 engine, reloaded per version on demand."""
+@dataclass(frozen=True)
+class AuditAssets:
+    """Local copies of the run's model and data set (``--model``/``--tasks``), else the cache
+    of ``home`` (default: the usual node home)."""
 
-    def __init__(self, source: PolicySource) -> None:
+    model: Path | None = None
+    tasks: Path | None = None
+    home: Path | None = None
+    v0_from_model: bool = True
+    """Version 0 replays on the model's own weights (the card's file) when the policy source
+    has none (False: only on what the source holds)."""
+
+    def dirs(self) -> AssetDirs:
+        return AssetDirs.under(resolve_home(self.home))
+
+
+class _Engines:
+    """One fp32 engine on the run's model, reloaded per version on demand; the run's tasks."""
+
+    def __init__(
+        self, source: PolicySource, genesis: RunGenesis, assets: AuditAssets | None = None
+    ) -> None:
         self.source = source
+        self.genesis = genesis
+        self.assets = assets or AuditAssets()
         self._engine: TorchEngine | None = None
         self._version: int | None = None
+        self._model_dir: Path | None = None
+        self._suite: TaskSource | None = None
+        if self.assets.model is not None:
+            self.model_dir()  # a --model that differs from the card is an error, not a row
+
+    def model_dir(self) -> Path:
+        if self._model_dir is None:
+            card = self.genesis.model
+            found = local_model(card, self.assets.model, self.assets.dirs())
+            if found is None:
+                raise ConfigError(
+                    f"the run's model {card.name} (card {card.card_id()}) is not in"
+                    f" {self.assets.dirs().model(card)}; pass --model DIR with a copy of it,"
+                    " or join the run once so the home caches it"
+                )
+            self._model_dir = found
+        return self._model_dir
+
+    def suite(self) -> TaskSource:
+        if self._suite is None:
+            dirs = self.assets.dirs()
+            data = local_data_set(self.genesis, self.assets.tasks, dirs)
+            self._suite = suite_for(self.genesis, data)
+        return self._suite
 
     def get(self, version: int) -> TorchEngine:
+        card = self.genesis.model
         path = self.source(version)
+        if path is None and version == 0 and self.assets.v0_from_model:
+            # Version 0 is the model's own weights: the card's file, or (a genesis from
+            # before cards) the model directory's model.safetensors.
+            name = card.weights.name if card.weights is not None else "model.safetensors"
+            path = self.model_dir() / name
         if path is None:
             raise ConfigError(
                 f"weights of policy version {version} not found; pass --policy-dir with"
                 f" v{version}.safetensors (or fetch it with `swarm-node shardcast fetch`)"
             )
         if self._engine is None:
-            self._engine = TorchEngine.from_dir(DEFAULT_MODEL_DIR, dtype="float32")
+            self._engine = TorchEngine.from_dir(
+                self.model_dir(), dtype="float32", chat_template=chat_template_wanted(self.genesis)
+            )
         if self._version != version:
             self._engine.load_weights(str(path))
             self._version = version
@@ -158,11 +215,11 @@ def replay_slash(
         and (r.message.policy_version, r.message.counter) == (s.policy_version, s.counter)
         for r in related
     )
-    ctx = JudgeContext(
-        run_id_of(genesis), g.params, suite_for(g), s.policy_version, fold([], g.params)
-    )
     try:
         engine = engines.get(s.policy_version)
+        ctx = JudgeContext(
+            run_id_of(genesis), g.params, engines.suite(), s.policy_version, fold([], g.params)
+        )
     except ConfigError as exc:
         return AuditRow(subject, "slash replay", None, f"cannot replay: {exc}")
     try:
@@ -195,6 +252,7 @@ def audit_ledger(
     *,
     credits: int | None = None,
     evidence: EvidenceStore | None = None,
+    assets: AuditAssets | None = None,
 ) -> list[AuditRow]:
     """Every check of the module docstring. Counted credits are re-judged too (the validator's
     accepted work must replay to an accept with the same rewards): all of them by default, a
@@ -223,7 +281,7 @@ def audit_ledger(
             else "stored balances differ from the fold: " + "; ".join(checked.balance_errors[:5]),
         )
     )
-    engines = _Engines(source)
+    engines = _Engines(source, genesis.message, assets)
     for dispute in (e for e in events if e.message.event == "dispute"):
         rows.append(_settle_dispute(lookup, genesis, dispute, engines))
     counted = [e for e in events if e.id in checked.counted]
@@ -327,7 +385,9 @@ def export_bundle(ledger: Path, submission_id: bytes, out: Path) -> None:
     out.write_bytes(msgpack.packb(bundle, use_bin_type=True))
 
 
-def audit_bundle(path: Path, source: PolicySource) -> list[AuditRow]:
+def audit_bundle(
+    path: Path, source: PolicySource, assets: AuditAssets | None = None
+) -> list[AuditRow]:
     try:
         bundle = msgpack.unpackb(path.read_bytes(), raw=False)
         if not isinstance(bundle, dict) or bundle.get("format") != BUNDLE_FORMAT:
@@ -339,9 +399,12 @@ def audit_bundle(path: Path, source: PolicySource) -> list[AuditRow]:
     except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
         raise ConfigError(f"{path} is not a readable proof bundle: {exc}") from exc
     if verdict.message.accepted:
-        row = _replay_accept(genesis, submission, verdict, _Engines(source))
+        row = _replay_accept(
+            genesis, submission, verdict, _Engines(source, genesis.message, assets)
+        )
     else:
-        row = replay_slash(genesis, submission, verdict, related, _Engines(source))
+        engines = _Engines(source, genesis.message, assets)
+        row = replay_slash(genesis, submission, verdict, related, engines)
     return [row]
 
 
@@ -353,11 +416,11 @@ def _replay_accept(
 ) -> AuditRow:
     g = genesis.message
     s = submission.message
-    ctx = JudgeContext(
-        run_id_of(genesis), g.params, suite_for(g), s.policy_version, fold([], g.params)
-    )
     try:
         engine = engines.get(s.policy_version)
+        ctx = JudgeContext(
+            run_id_of(genesis), g.params, engines.suite(), s.policy_version, fold([], g.params)
+        )
     except ConfigError as exc:
         return AuditRow(submission.id.hex()[:16], "accept replay", None, f"cannot replay: {exc}")
     mine = judge(submission, ctx, engine, counter_seen=False)

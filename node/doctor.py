@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from node.compute.devices import Accelerators, choose, probe
 from node.home import NodeHome
 from swarm.errors import SwarmError
 
@@ -155,18 +156,26 @@ def check_memory() -> Check:
     return Check("memory", "ok", detail)
 
 
-def check_accelerator() -> Check:
-    import torch
-
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name(0)
-        return Check("accelerator", "ok", f"{torch.cuda.device_count()} x {name}")
-    return Check(
-        "accelerator",
-        "warn",
-        f"none ({os.cpu_count()} CPU cores)",
-        "fine for the embedded model; for real models install the gpu extra on a CUDA box",
+def check_accelerator(acc: Accelerators | None = None) -> list[Check]:
+    """The accelerators found, and the engine, device and dtype ``join`` would pick, with why."""
+    acc = acc or probe()
+    if acc.cuda:
+        found = Check("accelerator", "ok", f"{acc.cuda} x {acc.cuda_names[0]} ({acc.note})")
+    else:
+        found = Check(
+            "accelerator",
+            "warn",
+            f"none ({os.cpu_count()} CPU cores; {acc.note})",
+            "fine for the embedded model; for real models use a CUDA machine",
+        )
+    choice = choose(acc=acc)
+    picked = Check(
+        "engine",
+        "ok",
+        f"{choice.kind} on {choice.device} in {choice.dtype}",
+        "; ".join(choice.reasons) + " (override with join --engine/--device/--dtype)",
     )
+    return [found, picked]
 
 
 def run_checks(home: NodeHome, bootstrap: tuple[str, ...]) -> list[Check]:
@@ -174,5 +183,5 @@ def run_checks(home: NodeHome, bootstrap: tuple[str, ...]) -> list[Check]:
     checks = [check_versions(), check_key(home)]
     checks += check_ports(config.listen)
     checks += check_bootstrap(bootstrap or config.bootstrap)
-    checks += [check_disk(home.path), check_memory(), check_accelerator()]
+    checks += [check_disk(home.path), check_memory(), *check_accelerator()]
     return checks

@@ -10,6 +10,10 @@ answers with the newest announcement it holds (the trainer's own signature, chec
 gate as gossip). A node with none asks its peers until it has one; after that it asks one or two
 peers whenever the policy has been quiet for ``refresh_every_s`` (anti-entropy), and at once when
 someone shows it work of a version it has not heard of (``pull``).
+
+Version 0 is the run's model: when the genesis binds a model card, every node checks that the
+assembled v0 file is the card's weights (sha256) before using it, refuses (and deletes) one that
+is not, and pins v0, so a contributor who joins late can still fetch the model from its peers.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 import trio
 
+from node.model.card import mismatch
 from node.runtime import Node
 from node.shardcast import ShardcastService, channel_host
 from swarm.errors import PeerError, SwarmError, ValidationError
@@ -30,6 +35,7 @@ from swarm.net import StreamLimits
 from swarm.net.names import POLICY
 from swarm.shardcast import FetchConfig, ShardStore, publish
 from swarm.shardcast.datachannel import DataChannelConfig
+from swarm.shardcast.fetch import ProgressCallback
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,7 @@ class PolicyFeed:
         self.refresh_every_s = refresh_every_s
         self.service: ShardcastService | None = None
         self._locks: dict[int, trio.Lock] = {}
+        self._v0_checked = False
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Serve shards and the newest announcement; catch up on the policy until cancelled."""
@@ -156,6 +163,8 @@ class PolicyFeed:
                 store=self.store,
             )
         )
+        if version == 0:
+            await self._check_v0(self.store.directory(0) / "data")
         await self._service().advertise(version)
         await node.announce_policy(version, manifest.id)
         return manifest
@@ -177,10 +186,25 @@ class PolicyFeed:
     async def fetch(self, announcement: Signed[PolicyAnnouncement]) -> Path:
         """The local file of the announced version, fetched (or resumed) when missing."""
         version = announcement.message.version
+        local = await self.fetch_version(version)
+        if self.store.manifest(version).id != announcement.message.manifest_id:
+            raise ValidationError(
+                f"the trainer signed two manifests for v{version}; the held one is not the"
+                " announced one"
+            )
+        return local
+
+    async def fetch_version(
+        self, version: int, on_progress: ProgressCallback | None = None
+    ) -> Path:
+        """The local file of ``version``, fetched from its providers when missing (version 0
+        checked against the model card)."""
         async with self._locks.setdefault(version, trio.Lock()):
             local = self.path_of(version)
             if local is None:
-                result = await self._service().fetch(version, config=self.fetch_config)
+                result = await self._service().fetch(
+                    version, config=self.fetch_config, on_progress=on_progress
+                )
                 log.info(
                     "policy v%d fetched: %d shards (%d resumed) in %.2f s",
                     version,
@@ -189,13 +213,25 @@ class PolicyFeed:
                     result.seconds,
                 )
                 local = result.path
+            if version == 0:
+                await self._check_v0(local)
         self._locks.pop(version, None)
-        if self.store.manifest(version).id != announcement.message.manifest_id:
-            raise ValidationError(
-                f"the trainer signed two manifests for v{version}; the held one is not the"
-                " announced one"
-            )
         return local
+
+    async def _check_v0(self, path: Path) -> None:
+        """Version 0 must be the model card's weights; pinned once checked."""
+        card = self.node.config.genesis.message.model
+        if card.weights is None or self._v0_checked:
+            return
+        why = await trio.to_thread.run_sync(mismatch, card.weights, path)
+        if why is not None:
+            shutil.rmtree(self.store.directory(0), ignore_errors=True)
+            raise ValidationError(
+                f"policy v0 {why}: the trainer's version 0 is not the run's model weights"
+                f" ({card.weights.name}); refused and deleted"
+            )
+        self.store.pin(0)
+        self._v0_checked = True
 
     def status(self) -> dict[str, Any]:
         return {} if self.service is None else self.service.status()

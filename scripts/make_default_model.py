@@ -105,6 +105,51 @@ def rounded_copy(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return copy.eval()
 
 
+def write_tokenizer(out: Path) -> None:
+    """``tokenizer.json`` + ``tokenizer_config.json`` of the byte vocabulary, by ``tokenizers``.
+
+    Ids stay those of :mod:`node.model.tokenizer`: byte ``b`` is id ``b`` (a BPE without merges
+    over the byte-level alphabet), then ``<s>`` 256 (prepended to every text), ``</s>`` 257 and
+    ``<pad>`` 258. No normaliser, so every byte passes unchanged.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    # bytes_to_unicode of GPT-2: the printable char that ByteLevel writes for each byte.
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    vocab = {chars[b]: b for b in range(256)}
+    bpe = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.add_special_tokens(["<s>", "</s>", "<pad>"])
+    bpe.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.BOS_ID)]
+    )
+    assert [bpe.token_to_id(t) for t in ("<s>", "</s>", "<pad>")] == [
+        tok.BOS_ID,
+        tok.EOS_ID,
+        tok.PAD_ID,
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    bpe.save(str(out / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "pad_token": "<pad>",
+        "add_bos_token": True,
+        "clean_up_tokenization_spaces": False,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).chmod(0o644)
+
+
 def save(model: torch.nn.Module, out: Path) -> None:
     from safetensors.torch import save_file
 
@@ -113,6 +158,7 @@ def save(model: torch.nn.Module, out: Path) -> None:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "model.safetensors").chmod(0o644)  # package data, readable by everyone
     (out / "config.json").write_text(json.dumps(default_config(), indent=2) + "\n")
+    write_tokenizer(out)
 
 
 def main() -> None:
@@ -128,7 +174,13 @@ def main() -> None:
     ap.add_argument("--replay", type=float, default=0.25)
     ap.add_argument("--snapshots", type=Path, default=None)
     ap.add_argument("--mix", default="", help="family+level list, e.g. add2,rev3 (default suite)")
+    ap.add_argument(
+        "--tokenizer-only", action="store_true", help="write only the tokenizer files to --out"
+    )
     args = ap.parse_args()
+    if args.tokenizer_only:
+        write_tokenizer(args.out)
+        return
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)

@@ -58,6 +58,27 @@ def gumbel_noise(seed: int, sample: int, step: int, vocab: int) -> npt.NDArray[n
     return g
 
 
+PARALLEL_NOISE_ENTRIES = 1 << 20
+"""Noise for more entries than this (rows x vocab) is drawn by a thread pool: numpy's Philox
+and ``log`` release the GIL, and at a 150k vocabulary the draw, not the model, dominates."""
+
+
+def noise_rows(keys: list[tuple[int, int, int]], vocab: int) -> npt.NDArray[np.float64]:
+    """:func:`gumbel_noise` of every ``(seed, sample, step)`` in ``keys``, stacked [rows, vocab]."""
+    import numpy as np
+
+    if not keys:
+        return np.zeros((0, vocab), np.float64)
+    if len(keys) * vocab < PARALLEL_NOISE_ENTRIES or len(keys) == 1:
+        return np.stack([gumbel_noise(s, j, t, vocab) for s, j, t in keys])
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = min(len(keys), os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers) as pool:
+        return np.stack(list(pool.map(lambda k: gumbel_noise(k[0], k[1], k[2], vocab), keys)))
+
+
 def _as_float64(x: Any, name: str) -> npt.NDArray[np.float64]:
     import numpy as np
 
@@ -103,9 +124,8 @@ def sample_tokens(
         raise ProofError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0:
         return [int(i) for i in np.argmax(rows, axis=1)]
-    noise = np.stack(
-        [gumbel_noise(s, j, step, rows.shape[1]) for s, j in zip(seeds, samples, strict=True)]
-    )
+    keys = [(s, j, step) for s, j in zip(seeds, samples, strict=True)]
+    noise = noise_rows(keys, rows.shape[1])
     return [int(i) for i in np.argmax(rows / temperature + noise, axis=1)]
 
 
@@ -134,10 +154,13 @@ def check_sampling(
     *,
     sample: int = 0,
     tolerance: float = DEFAULT_TIE_TOLERANCE,
+    first_step: int = 0,
 ) -> SamplingCheck:
     """Check that every token is the seeded Gumbel-max choice of the validator's ``logits``.
 
-    ``logits`` is [n_tokens, vocab]: row ``t`` is the distribution that produced ``tokens[t]``.
+    ``logits`` is [n_tokens, vocab]: row ``t`` is the distribution that produced ``tokens[t]``,
+    the token of step ``first_step + t`` (a chunk of a longer sample starts past 0; positions
+    in the result, such as ``first_mismatch``, count from the chunk's first row).
     Raises :class:`ProofError` on mismatched shapes or a token outside the vocabulary.
     """
     import numpy as np
@@ -156,7 +179,7 @@ def check_sampling(
     if temperature == 0:
         scores = rows
     else:
-        noise = np.stack([gumbel_noise(seed, sample, t, rows.shape[1]) for t in range(n)])
+        noise = noise_rows([(seed, sample, first_step + t) for t in range(n)], rows.shape[1])
         scores = rows / temperature + noise
     scores = np.where(np.isnan(scores), -np.inf, scores)
     best = np.max(scores, axis=1)

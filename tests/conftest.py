@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -34,3 +35,12 @@ def _isolated_home(
     """No test ever touches the real ~/.local/share/swarm-node."""
     monkeypatch.setenv("SWARM_NODE_HOME", str(tmp_path_factory.mktemp("home")))
     monkeypatch.delenv("SWARM_NODE_PASSPHRASE", raising=False)
+
+
+@pytest.fixture(scope="session")
+def hf_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small Qwen2 model directory with a real BPE tokenizer and a chat template, made once
+    per session by ``scripts/make_test_model.py`` (random weights, seed 0)."""
+    from tests.hf_model import make_test_model
+
+    return make_test_model(tmp_path_factory.mktemp("hf") / "qwen2-tiny")

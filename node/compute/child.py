@@ -4,6 +4,12 @@ Channel: the child's stdin/stdout pipes carry frames of a 4-byte big-endian leng
 msgpack (bounded to 256 MiB per frame). Arrays travel as ``{"nd": [dtype, shape, raw bytes]}``,
 never pickle. The child's stderr goes to a log file whose tail is quoted when it dies.
 
+Ops: ``init``, ``generate``, ``prefill_batch`` (tests and tools; it ships full logits),
+``load_weights``, and the ones that keep the model's files in the child: ``encode_prompts``,
+``decode``, ``score`` (tokenizer, chat template, verifiers) and ``verify`` (the validator's
+sampling and TOPLOC checks, chunked next to the logits; only verdict numbers come back, see
+:mod:`node.verify` for the memory bound).
+
 Requests are ``{"op": ..., "args": {...}}``; replies ``{"ok": true, "result": ...}`` or
 ``{"ok": false, "error": "..."}`` (an error inside the child, the child stays up). A child that
 exits, is killed or answers nonsense raises :class:`EngineError`; :meth:`ChildEngine.restart`
@@ -29,7 +35,16 @@ from typing import IO, Any
 import msgpack
 import numpy as np
 
-from node.compute.engine import Engine, EngineInfo, Generation, Prefill
+from node.compute.engine import Engine, EngineInfo, Generation, Prefill, ScoreItem
+from node.verify import (
+    SampleClaim,
+    SampleVerdict,
+    VerifySettings,
+    claim_from_wire,
+    claim_to_wire,
+    verdict_from_wire,
+    verdict_to_wire,
+)
 from swarm.errors import EngineError, SwarmError
 
 MAX_FRAME = 256 * 1024 * 1024
@@ -119,6 +134,7 @@ class ChildEngine(Engine):
         dtype: str = "float32",
         device: str = "cpu",
         threads: int | None = None,
+        chat_template: bool = False,
     ) -> None:
         self._spec = {
             "kind": kind,
@@ -126,6 +142,7 @@ class ChildEngine(Engine):
             "dtype": dtype,
             "device": device,
             "threads": threads,
+            "chat_template": chat_template,
         }
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -229,6 +246,30 @@ class ChildEngine(Engine):
         self._call("load_weights", {"path": str(path)})
         self._weights = str(path)
 
+    def _list(self, op: str, args: dict[str, Any]) -> list[Any]:
+        result = self._call(op, args)
+        if not isinstance(result, list):
+            raise EngineError(f"engine child answered {op} with a non-list")
+        return result
+
+    def encode_prompts(self, texts: list[str]) -> list[list[int]]:
+        return [[int(t) for t in ids] for ids in self._list("encode_prompts", {"texts": texts})]
+
+    def decode(self, tokens: list[int]) -> str:
+        return str(self._call("decode", {"tokens": tokens}))
+
+    def score(self, items: list[ScoreItem], length_coeff: float) -> list[float]:
+        wire = [[it.tokens, it.answer, it.verifier, it.target_len] for it in items]
+        args = {"items": wire, "length_coeff": float(length_coeff)}
+        return [float(r) for r in self._list("score", args)]
+
+    def verify(self, claims: list[SampleClaim], settings: VerifySettings) -> list[SampleVerdict]:
+        args = {"claims": [claim_to_wire(c) for c in claims], "settings": settings.to_wire()}
+        try:
+            return [verdict_from_wire(v) for v in self._list("verify", args)]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EngineError(f"engine child sent a malformed verdict: {exc}") from exc
+
     async def agenerate(self, *args: Any, **kwargs: Any) -> list[Generation]:
         """:meth:`generate` in a worker thread (trio), so the event loop stays responsive."""
         import functools
@@ -270,14 +311,19 @@ def _make_engine(spec: dict[str, Any]) -> Engine:
         import torch
 
         torch.set_num_threads(int(spec["threads"]))
+    chat = bool(spec.get("chat_template", False))
     if spec["kind"] == "torch":
         from node.compute.torch_engine import TorchEngine
 
-        return TorchEngine.from_dir(spec["path"], dtype=spec["dtype"], device=spec["device"])
+        return TorchEngine.from_dir(
+            spec["path"], dtype=spec["dtype"], device=spec["device"], chat_template=chat
+        )
     if spec["kind"] == "vllm":
         from node.compute.vllm_engine import VllmEngine
 
-        return VllmEngine(spec["path"], dtype=spec["dtype"])
+        return VllmEngine(
+            spec["path"], dtype=spec["dtype"], device=spec["device"], chat_template=chat
+        )
     raise EngineError(f"unknown engine kind {spec['kind']!r}; use 'torch' or 'vllm'")
 
 
@@ -302,6 +348,19 @@ def _serve(engine: Engine | None, op: str, args: dict[str, Any]) -> tuple[Engine
     if op == "load_weights":
         engine.load_weights(args["path"])
         return engine, None
+    if op == "encode_prompts":
+        return engine, engine.encode_prompts([str(t) for t in args["texts"]])
+    if op == "decode":
+        return engine, engine.decode([int(t) for t in args["tokens"]])
+    if op == "score":
+        scored = [
+            ScoreItem([int(x) for x in t], str(a), str(v), tl) for t, a, v, tl in args["items"]
+        ]
+        return engine, engine.score(scored, float(args["length_coeff"]))
+    if op == "verify":
+        claims = [claim_from_wire(c) for c in args["claims"]]
+        verdicts = engine.verify(claims, VerifySettings.from_wire(dict(args["settings"])))
+        return engine, [verdict_to_wire(v) for v in verdicts]
     raise EngineError(f"unknown engine request {op!r}")
 
 

@@ -6,15 +6,32 @@ whose logits produced generated token ``t``. That is what TOPLOC proofs commit t
 (:mod:`swarm.toploc`), and what :meth:`Engine.prefill` recomputes for the same positions.
 
 Sampling is the seeded Gumbel-max of :mod:`swarm.sampling`, keyed by (seed, sample index, step).
+
+Besides generation and prefill, an engine owns everything that needs the model's files, so a
+node's main process never loads torch, transformers or sympy (contract 1: the engine runs in the
+compute child, :mod:`node.compute.child`):
+
+- :meth:`Engine.encode_prompts` and :meth:`Engine.score`: the model's own tokenizer and chat
+  template (:class:`node.model.text.ModelText`), and the task verifiers on decoded text.
+- :meth:`Engine.verify`: the validator's sampling and TOPLOC checks, run next to the logits,
+  chunked over positions (:func:`node.verify.check_claims`), so full-vocabulary logits never
+  leave the engine. Engines stream their prefill through :meth:`Engine.prefill_stream`.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
+from swarm.errors import EngineError
+
+if TYPE_CHECKING:
+    from node.model.text import ModelText
+    from node.verify import SampleClaim, SampleVerdict, VerifySettings
 
 FinishReason = Literal["stop", "length"]
 
@@ -39,6 +56,32 @@ class Prefill:
     """uint16 bf16 bit patterns [len(tokens), hidden_size], the same positions as ``logits``."""
 
 
+class PrefillStates:
+    """One sample's recomputed states: every position's hidden bits, logits by chunk on demand.
+
+    The default holds a :class:`Prefill`'s full logits; engines with big vocabularies return
+    states that apply the LM head to the requested positions only.
+    """
+
+    def __init__(self, prefill: Prefill) -> None:
+        self._prefill = prefill
+        self.hidden = prefill.hidden
+
+    def logits(self, start: int, stop: int) -> np.ndarray:
+        """float32 [stop - start, vocab]: the rows of positions ``start..stop-1``."""
+        return self._prefill.logits[start:stop]
+
+
+@dataclass(frozen=True)
+class ScoreItem:
+    """One completion to score: its tokens and its task's answer, verifier and target length."""
+
+    tokens: list[int]
+    answer: str
+    verifier: str
+    target_len: int | None = None
+
+
 @dataclass(frozen=True)
 class EngineInfo:
     vocab_size: int
@@ -57,6 +100,8 @@ class Engine(abc.ABC):
     """
 
     info: EngineInfo
+    text: ModelText | None = None
+    """The model's tokenizer (engines that run in this process and loaded it)."""
 
     @abc.abstractmethod
     def generate(
@@ -76,6 +121,42 @@ class Engine(abc.ABC):
     def prefill_batch(self, items: list[tuple[list[int], list[int]]]) -> list[Prefill]:
         """:meth:`prefill` for many samples; engines batch it where they can."""
         return [self.prefill(p, t) for p, t in items]
+
+    def prefill_stream(self, items: list[tuple[list[int], list[int]]]) -> Iterator[PrefillStates]:
+        """:meth:`prefill_batch` one sample at a time, in order; engines bound the memory."""
+        for pre in self.prefill_batch(items):
+            yield PrefillStates(pre)
+
+    def _need_text(self) -> ModelText:
+        if self.text is None:
+            raise EngineError("this engine was made without the model's tokenizer (use from_dir)")
+        return self.text
+
+    def encode_prompts(self, texts: list[str]) -> list[list[int]]:
+        """Task prompts as token ids: the model's tokenizer and, if the run says so, template."""
+        return self._need_text().encode_prompts(texts)
+
+    def decode(self, tokens: list[int]) -> str:
+        """A completion's text up to its first EOS."""
+        return self._need_text().decode(tokens)
+
+    def score(self, items: list[ScoreItem], length_coeff: float) -> list[float]:
+        """Rewards: the task's verifier on the decoded text minus the length penalty."""
+        from node.tasks.rewards import length_penalty
+        from node.tasks.verifiers import verify_answer
+
+        text = self._need_text()
+        return [
+            verify_answer(it.verifier, it.answer, text.decode(it.tokens))
+            - length_penalty(len(it.tokens), it.target_len, length_coeff)
+            for it in items
+        ]
+
+    def verify(self, claims: list[SampleClaim], settings: VerifySettings) -> list[SampleVerdict]:
+        """The validator's checks, next to the logits (:func:`node.verify.check_claims`)."""
+        from node.verify import check_claims
+
+        return check_claims(self, claims, settings)
 
     @abc.abstractmethod
     def load_weights(self, path: str) -> None:

@@ -4,19 +4,29 @@ Generation left-pads the batch (attention mask plus explicit position ids, so pa
 nothing), runs the decoder body to get the post-norm hidden states (``last_hidden_state`` of a
 transformers decoder is after the final norm), applies the LM head itself, and samples on the CPU
 with :func:`swarm.sampling.sample_tokens`. Prefill runs prompt + tokens[:-1] in one pass.
+
+Devices and precision: the model runs on ``device`` (``cpu``, ``cuda``, ``cuda:N``) in
+``dtype`` (float32 or bfloat16); on CUDA the whole batch of a submission decodes together in
+bf16 with the KV cache on the GPU, and only the last position's logits of each step come back
+to the CPU for the seeded choice. Validator prefills stream (:meth:`TorchEngine.prefill_stream`)
+in micro-batches of at most :data:`PREFILL_TOKENS` tokens and keep each sample's post-norm
+hidden states on the device; the LM head runs on the chunk of positions the sampling check asks
+for, so full-vocabulary logits of a whole sample never exist at once.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from node.compute.engine import Engine, EngineInfo, Generation, Prefill
+from node.compute.engine import Engine, EngineInfo, Generation, Prefill, PrefillStates
 from node.model.loading import load_causal_lm, load_weights_into, model_info
+from node.model.text import ModelText
 from swarm.errors import ConfigError, EngineError
 from swarm.sampling import sample_tokens
 
@@ -28,14 +38,40 @@ def bf16_bits(t: torch.Tensor) -> np.ndarray:
     )
 
 
+PREFILL_TOKENS = 8192
+"""Tokens (padded) per validator prefill forward; bounds the activations of one micro-batch."""
+
+
+class _HeadStates(PrefillStates):
+    """A sample's post-norm hidden states on the device; logits by chunk through the LM head."""
+
+    def __init__(self, head: Any, hs: Any) -> None:
+        self._head = head
+        self._hs = hs
+        self.hidden = bf16_bits(hs)
+
+    def logits(self, start: int, stop: int) -> np.ndarray:
+        with torch.inference_mode():
+            out: np.ndarray = self._head(self._hs[start:stop]).float().cpu().numpy()
+        return out
+
+
 class TorchEngine(Engine):
     """A transformers causal LM run in this process."""
 
     def __init__(
-        self, model: Any, *, eos_id: int, pad_id: int, dtype: str = "float32", device: str = "cpu"
+        self,
+        model: Any,
+        *,
+        eos_id: int,
+        pad_id: int,
+        dtype: str = "float32",
+        device: str = "cpu",
+        text: ModelText | None = None,
     ) -> None:
         self.model = model.eval()
         self.device = device
+        self.text = text
         cfg = model.config
         self.info = EngineInfo(int(cfg.vocab_size), int(cfg.hidden_size), eos_id, pad_id, dtype)
         self._body = model.get_decoder()
@@ -46,11 +82,20 @@ class TorchEngine(Engine):
 
     @classmethod
     def from_dir(
-        cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu"
+        cls,
+        path: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        chat_template: bool = False,
     ) -> TorchEngine:
+        """The model of a local directory with its own tokenizer (and chat template if asked)."""
         info = model_info(path)
+        text = ModelText(path, chat_template=chat_template)
         model = load_causal_lm(path, dtype=dtype, device=device)
-        return cls(model, eos_id=info.eos_id, pad_id=info.pad_id, dtype=dtype, device=device)
+        return cls(
+            model, eos_id=info.eos_id, pad_id=info.pad_id, dtype=dtype, device=device, text=text
+        )
 
     def load_weights(self, path: str) -> None:
         load_weights_into(self.model, path)
@@ -130,12 +175,8 @@ class TorchEngine(Engine):
     def prefill(self, prompt: list[int], tokens: list[int]) -> Prefill:
         return self.prefill_batch([(prompt, tokens)])[0]
 
-    @torch.inference_mode()
-    def prefill_batch(self, items: list[tuple[list[int], list[int]]]) -> list[Prefill]:
-        if not items:
-            return []
-        if any(len(p) == 0 for p, _ in items):
-            raise ConfigError("prefill needs a non-empty prompt")
+    def _body_states(self, items: list[tuple[list[int], list[int]]]) -> list[Any]:
+        """Post-norm hidden states of the positions that produced each sample's tokens."""
         seqs = [p + t[:-1] if t else p for p, t in items]
         width = max(len(s) for s in seqs)
         pad = self.info.pad_id
@@ -143,12 +184,40 @@ class TorchEngine(Engine):
         mask = torch.tensor(
             [[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=self.device
         )
+        h = self._body(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        return [h[row, len(p) - 1 : len(p) - 1 + len(t)] for row, (p, t) in enumerate(items)]
+
+    def prefill_stream(self, items: list[tuple[list[int], list[int]]]) -> Iterator[PrefillStates]:
+        if any(len(p) == 0 for p, _ in items):
+            raise ConfigError("prefill needs a non-empty prompt")
+        start = 0
+        while start < len(items):
+            stop, width = start, 0
+            while stop < len(items):
+                width = max(width, len(items[stop][0]) + len(items[stop][1]))
+                if stop > start and width * (stop + 1 - start) > PREFILL_TOKENS:
+                    break
+                stop += 1
+            try:
+                with torch.inference_mode():
+                    states = self._body_states(items[start:stop])
+            except RuntimeError as exc:
+                raise EngineError(f"prefill failed: {exc}") from exc
+            for hs in states:
+                yield _HeadStates(self._head, hs)
+            start = stop
+
+    @torch.inference_mode()
+    def prefill_batch(self, items: list[tuple[list[int], list[int]]]) -> list[Prefill]:
+        if not items:
+            return []
+        if any(len(p) == 0 for p, _ in items):
+            raise ConfigError("prefill needs a non-empty prompt")
         try:
-            h = self._body(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-            results = []
-            for row, (p, t) in enumerate(items):
-                hs = h[row, len(p) - 1 : len(p) - 1 + len(t)]
-                results.append(Prefill(self._head(hs).float().cpu().numpy(), bf16_bits(hs)))
+            results = [
+                Prefill(self._head(hs).float().cpu().numpy(), bf16_bits(hs))
+                for hs in self._body_states(items)
+            ]
         except RuntimeError as exc:
             raise EngineError(f"prefill failed: {exc}") from exc
         return results

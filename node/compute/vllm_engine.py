@@ -1,89 +1,121 @@
-"""The ``vllm`` engine (GPU, optional extra ``gpu``): generation through vllm with proofs.
+"""The ``vllm`` engine (GPU, optional extra ``gpu``): a whole submission in one vllm batch.
 
-vllm is imported inside :class:`VllmEngine` only; without it the constructor raises
-:class:`EngineError` naming the extra to install. Two hooks make vllm produce what proofs and
-validators need:
+Written against vllm's V1 engine (the ``gpu`` extra pins ``vllm>=0.11,<0.34``), import-guarded:
+without vllm the constructor raises :class:`EngineError` naming the extra, and ``join --engine
+vllm`` refuses earlier (:mod:`node.compute.devices`). **Not measured here**: the machines this
+was written on have no vllm (and the lent GPU machine cannot install it); the torch engine on
+CUDA is what ``bench/gpu_check.py`` measures. Decisions:
 
-* hidden states: a forward hook on the model's final norm records its output. Requests run one
-  at a time (vllm batches their tokens internally), so the prefill pass yields
-  ``[prompt_len, d]`` (its last row produced token 0) and each decode step yields ``[1, d]``.
-* sampling: a per-request logits processor computes the seeded Gumbel-max choice of
-  :mod:`swarm.sampling` on the CPU from vllm's logits and masks every other token, and vllm runs
-  greedily, so tokens are exactly those the torch engine's validator checks.
-
-Prefill for validators stays on the torch engine (design: "prefill checks stay on the torch
-engine"); :meth:`VllmEngine.prefill` delegates to a lazily built :class:`TorchEngine`.
-Tested only on a GPU machine (``bench/gpu_check.py``, tests marked ``gpu``).
+- Sampling: seeded Gumbel-max of :mod:`swarm.sampling`, so the torch validator reproduces every
+  token. A per-request logits processor (:class:`SeededGumbel`, vllm's
+  ``AdapterLogitsProcessor`` wrapper of the V1 batch-level interface) computes
+  ``argmax(logits / T + g(seed, sample, step))`` from the request's ``extra_args`` and masks
+  every other token; vllm then runs greedily (``temperature=0``). vllm 0.32 made a new model
+  runner (MRV2) with another processor interface the default; we select the V1 runner
+  (``VLLM_USE_V2_MODEL_RUNNER=0``) whose interface this uses.
+- The whole submission goes to vllm as one ``generate`` call (vllm batches it continuously).
+- Hidden states for TOPLOC: a batched prefill of prompt + tokens on the same GPU with the torch
+  engine in the same dtype (:class:`node.compute.torch_engine.TorchEngine`), which is what the
+  validator recomputes; vllm does not expose final hidden states of generated tokens through a
+  stable API. The prefill costs one forward pass over the submission (no decode loop).
+- Validator checks (``prefill``, ``verify``) run on that torch engine; the tokenizer is the
+  model's own (:class:`node.model.text.ModelText`), vllm's tokenizer is not initialised.
+- New policy weights load into vllm's model through ``LLM.apply_model`` (engine core kept in
+  this process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and into the torch prefill engine.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from node.compute.engine import Engine, EngineInfo, FinishReason, Generation, Prefill
+from node.compute.engine import Engine, EngineInfo, FinishReason, Generation, Prefill, PrefillStates
 from node.model.loading import model_info
+from node.model.text import ModelText
 from swarm.errors import EngineError
 from swarm.sampling import sampling_scores
 
+EXTRA = "swarm_gumbel"
+"""Key of ``SamplingParams.extra_args`` that carries ``[seed, sample index, temperature]``."""
+
 
 def vllm_available() -> bool:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
 
 
-def _find_final_norm(model: Any) -> Any:
-    for path in ("model.norm", "model.final_layernorm", "transformer.ln_f"):
-        obj = model
-        try:
-            for part in path.split("."):
-                obj = getattr(obj, part)
-        except AttributeError:
-            continue
-        return obj
-    raise EngineError("cannot find the final norm of the vllm model to hook hidden states")
+def _seeded_gumbel_class() -> Any:
+    """vllm's per-request adapter, built only once vllm is importable."""
+    import torch
+    from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+
+    class SeededGumbel(AdapterLogitsProcessor):  # type: ignore[misc]
+        """Masks all but the seeded Gumbel-max token of each step (greedy picks it)."""
+
+        def is_argmax_invariant(self) -> bool:
+            return False  # it decides the argmax
+
+        def new_req_logits_processor(self, params: Any) -> Any:
+            spec = (params.extra_args or {}).get(EXTRA)
+            if spec is None:
+                return None
+            seed, sample, temperature = int(spec[0]), int(spec[1]), float(spec[2])
+
+            def choose(output_ids: list[int], logits: Any) -> Any:
+                scores = sampling_scores(
+                    logits.float().cpu(), seed, sample, len(output_ids), temperature
+                )
+                keep = int(np.argmax(scores))
+                masked = torch.full_like(logits, float("-inf"))
+                masked[keep] = 0.0
+                return masked
+
+            return choose
+
+    return SeededGumbel
 
 
 class VllmEngine(Engine):
-    def __init__(self, path: str, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.5):
-        try:
-            from vllm import LLM
-        except ImportError as exc:
+    def __init__(
+        self,
+        path: str,
+        *,
+        dtype: str = "bfloat16",
+        device: str = "cuda",
+        chat_template: bool = False,
+        gpu_memory_utilization: float = 0.6,
+    ) -> None:
+        if not vllm_available():
             raise EngineError(
                 "the vllm engine needs the optional extra: pip install 'swarm-node[gpu]'"
-            ) from exc
+            )
+        if not device.startswith("cuda"):
+            raise EngineError(f"the vllm engine runs on CUDA only, not {device}")
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if ":" in device:  # vllm takes the device from CUDA_VISIBLE_DEVICES
+            os.environ.setdefault("CUDA_VISIBLE_DEVICES", device.split(":", 1)[1])
+            device = "cuda"
+        from vllm import LLM
+
+        from node.compute.torch_engine import TorchEngine
+
         info = model_info(path)
         self.path = path
         self.info = EngineInfo(info.vocab_size, info.hidden_size, info.eos_id, info.pad_id, dtype)
+        self.text = ModelText(path, chat_template=chat_template)
         self.llm = LLM(
             model=path,
             dtype=dtype,
-            enforce_eager=True,
             gpu_memory_utilization=gpu_memory_utilization,
             skip_tokenizer_init=True,
+            logits_processors=[_seeded_gumbel_class()],
         )
-        self._captured: list[Any] = []
-        model = self._model()
-        _find_final_norm(model).register_forward_hook(self._hook)
-        self._torch: Any = None
-
-    def _model(self) -> Any:
-        engine = self.llm.llm_engine
-        try:
-            return engine.model_executor.driver_worker.model_runner.model
-        except AttributeError as exc:
-            raise EngineError(
-                "this vllm version hides its model; use vllm 0.6-0.8 (V0 engine, "
-                "VLLM_USE_V1=0) for hidden-state capture"
-            ) from exc
-
-    def _hook(self, _module: Any, _inputs: Any, output: Any) -> None:
-        out = output[0] if isinstance(output, tuple) else output
-        self._captured.append(out.detach())
+        self._prefill = TorchEngine.from_dir(path, dtype=dtype, device=device)
 
     def generate(
         self,
@@ -93,58 +125,42 @@ class VllmEngine(Engine):
         max_tokens: int,
         sample_indices: list[int] | None = None,
     ) -> list[Generation]:
-        import torch
         from vllm import SamplingParams
 
         samples = list(range(len(prompts))) if sample_indices is None else sample_indices
-        results = []
-        for prompt, seed, sample in zip(prompts, seeds, samples, strict=True):
-
-            def choose(
-                token_ids: list[int], logits: Any, seed: int = seed, sample: int = sample
-            ) -> Any:
-                step = len(token_ids)
-                scores = sampling_scores(logits.float().cpu(), seed, sample, step, temperature)
-                keep = int(np.argmax(scores))
-                masked = torch.full_like(logits, float("-inf"))
-                masked[keep] = 0.0
-                return masked
-
-            params = SamplingParams(
+        params = [
+            SamplingParams(
                 temperature=0.0,
                 max_tokens=max_tokens,
-                logits_processors=[choose],
                 stop_token_ids=[self.info.eos_id],
-                ignore_eos=False,
                 detokenize=False,
+                extra_args={EXTRA: [seed, sample, float(temperature)]},
             )
-            self._captured.clear()
-            out = self.llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[
-                0
-            ].outputs[0]
-            tokens = list(out.token_ids)
-            rows = [self._captured[0][-1]] + [c[-1] for c in self._captured[1:]]
-            hidden = torch.stack(rows[: len(tokens)]).to(torch.bfloat16).cpu()
-            bits = hidden.contiguous().view(torch.int16).numpy().view(np.uint16)
-            finish: FinishReason = "stop" if tokens and tokens[-1] == self.info.eos_id else "length"
-            results.append(Generation(tokens, finish, bits))
+            for seed, sample in zip(seeds, samples, strict=True)
+        ]
+        requests = [{"prompt_token_ids": p} for p in prompts]
+        outs = self.llm.generate(requests, params, use_tqdm=False)
+        tokens = [list(o.outputs[0].token_ids) for o in outs]
+        # One batched prefill on the same GPU gives the hidden states the validator recomputes.
+        states = self._prefill.prefill_stream(list(zip(prompts, tokens, strict=True)))
+        results = []
+        for toks, st in zip(tokens, states, strict=True):
+            finish: FinishReason = "stop" if toks and toks[-1] == self.info.eos_id else "length"
+            results.append(Generation(toks, finish, st.hidden))
         return results
 
-    def _prefill_engine(self) -> Any:
-        if self._torch is None:
-            from node.compute.torch_engine import TorchEngine
-
-            self._torch = TorchEngine.from_dir(self.path, dtype="float32", device="cuda")
-        return self._torch
-
     def prefill(self, prompt: list[int], tokens: list[int]) -> Prefill:
-        result: Prefill = self._prefill_engine().prefill(prompt, tokens)
-        return result
+        return self._prefill.prefill(prompt, tokens)
+
+    def prefill_batch(self, items: list[tuple[list[int], list[int]]]) -> list[Prefill]:
+        return self._prefill.prefill_batch(items)
+
+    def prefill_stream(self, items: list[tuple[list[int], list[int]]]) -> Iterator[PrefillStates]:
+        return self._prefill.prefill_stream(items)
 
     def load_weights(self, path: str) -> None:
         from safetensors.torch import load_file
 
         state = load_file(path)
-        self._model().load_weights(state.items())
-        if self._torch is not None:
-            self._torch.load_weights(path)
+        self.llm.apply_model(lambda model: model.load_weights(state.items()))
+        self._prefill.load_weights(path)

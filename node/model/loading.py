@@ -56,8 +56,32 @@ class ModelInfo:
     pad_id: int
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}; the model directory is damaged") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def _first_id(*values: Any) -> int | None:
+    """The first set token id among ``values`` (a list counts by its first entry)."""
+    for v in values:
+        if isinstance(v, list):
+            v = v[0] if v else None
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
 def model_info(path: str | Path) -> ModelInfo:
-    """Read ``config.json`` of a local model directory; :class:`ConfigError` if unusable."""
+    """Read ``config.json`` of a local model directory; :class:`ConfigError` if unusable.
+
+    EOS and PAD come from the model's files: ``generation_config.json`` first (what the model
+    was released to generate with), then ``config.json``; PAD falls back to EOS.
+    """
     p = Path(path)
     cfg_path = p / "config.json"
     try:
@@ -69,19 +93,57 @@ def model_info(path: str | Path) -> ModelInfo:
         ) from exc
     if not any(p.glob("*.safetensors")):
         raise ConfigError(f"{p} holds no *.safetensors weights")
-    try:
-        eos = cfg.get("eos_token_id")
-        eos_id = int(eos[0] if isinstance(eos, list) else eos)
-        pad = cfg.get("pad_token_id")
-        return ModelInfo(
-            str(p),
-            int(cfg["vocab_size"]),
-            int(cfg["hidden_size"]),
-            eos_id,
-            int(pad) if pad is not None else eos_id,
+    gen = _read_json(p / "generation_config.json")
+    eos_id = _first_id(gen.get("eos_token_id"), cfg.get("eos_token_id"))
+    if eos_id is None:
+        raise ConfigError(
+            f"{p} names no eos_token_id in generation_config.json or config.json; "
+            "add the model's EOS id there"
         )
+    pad_id = _first_id(gen.get("pad_token_id"), cfg.get("pad_token_id"))
+    pad_id = eos_id if pad_id is None else pad_id
+    try:
+        return ModelInfo(str(p), int(cfg["vocab_size"]), int(cfg["hidden_size"]), eos_id, pad_id)
     except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{cfg_path} lacks vocab_size/hidden_size/eos_token_id ({exc})") from exc
+        raise ConfigError(f"{cfg_path} lacks vocab_size/hidden_size ({exc})") from exc
+
+
+def tokenizer_size(path: str | Path) -> int:
+    """Number of ids ``tokenizer.json`` of a model directory uses (largest id + 1), from JSON."""
+    tok = _read_json(Path(path) / "tokenizer.json")
+    vocab = (tok.get("model") or {}).get("vocab") or {}
+    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
+    ids += [t.get("id", -1) for t in tok.get("added_tokens") or [] if isinstance(t, dict)]
+    return max((int(i) for i in ids if isinstance(i, int)), default=-1) + 1
+
+
+def check_model_dir(path: str | Path, *, chat_template: bool = False) -> ModelInfo:
+    """The checks a node runs before it starts work, from the JSON files alone (no torch).
+
+    A tokenizer with more ids than the model's vocabulary, a missing ``tokenizer.json`` and a
+    chat template the run asks for but the model lacks are each a one-line ``ConfigError``.
+    """
+    info = model_info(path)
+    if not (Path(path) / "tokenizer.json").is_file():
+        raise ConfigError(
+            f"{path} has no tokenizer.json: every role tokenizes with the model's own tokenizer;"
+            " copy the model's tokenizer files into the directory"
+        )
+    size = tokenizer_size(path)
+    if size > info.vocab_size:
+        raise ConfigError(
+            f"the tokenizer in {path} uses {size} ids but the model's vocab_size is "
+            f"{info.vocab_size}: it is not this model's tokenizer; use the tokenizer files the "
+            "model was trained with"
+        )
+    from node.model.card import has_chat_template
+
+    if chat_template and not has_chat_template(Path(path)):
+        raise ConfigError(
+            f"the run applies the model's chat template but {path} has none; add chat_template "
+            "to tokenizer_config.json (or use the model the run was created with)"
+        )
+    return info
 
 
 def torch_dtype(name: str) -> Any:
@@ -119,6 +181,16 @@ def load_weights_into(model: Any, weights: str | Path) -> None:
         raise ConfigError(f"cannot read policy weights {weights}: {exc}") from exc
     ref = next(model.parameters())
     state = {k: v.to(dtype=ref.dtype, device=ref.device) for k, v in state.items()}
+    # A Hugging Face file stores a tied parameter once (e.g. lm_head tied to the embeddings):
+    # every name of one shared tensor takes the stored copy.
+    names_by_tensor: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names_by_tensor.setdefault(id(param), []).append(name)
+    for names in names_by_tensor.values():
+        stored = next((n for n in names if n in state), None)
+        for name in names:
+            if stored is not None and name not in state:
+                state[name] = state[stored]
     try:
         with torch.no_grad():
             model.load_state_dict(state, strict=True)

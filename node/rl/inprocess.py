@@ -12,7 +12,7 @@ from pathlib import Path
 from node.compute.grpo import Group, GRPOConfig, GRPOTrainer, StepStats
 from node.compute.torch_engine import TorchEngine
 from node.model import DEFAULT_MODEL_DIR
-from node.rl.rollout import generate_groups, score
+from node.rl.rollout import generate_groups, score_samples
 from node.tasks.suite import TaskSuite, default_suite
 from swarm.assignment import assign
 from swarm.messages import RunParams
@@ -64,16 +64,13 @@ def train_inprocess(
             excluded=suite.excluded,
         )
         rollout = generate_groups(engine, suite, assignment, params)
+        g = params.group_size
+        flat = [gen.tokens for gens in rollout.generations for gen in gens]
+        pids = [pid for pid in assignment.prompt_ids for _ in range(g)]
+        flat_rewards = score_samples(engine, suite, pids, flat, params)
         groups = [
-            Group(
-                prompt,
-                [gen.tokens for gen in gens],
-                [score(suite, pid, gen.tokens, params) for gen in gens],
-                version,
-            )
-            for pid, prompt, gens in zip(
-                assignment.prompt_ids, rollout.prompts, rollout.generations, strict=True
-            )
+            Group(prompt, flat[i * g : (i + 1) * g], flat_rewards[i * g : (i + 1) * g], version)
+            for i, prompt in enumerate(rollout.prompts)
         ]
         rewards = [r for g in groups for r in g.rewards]
         mean = sum(rewards) / len(rewards)

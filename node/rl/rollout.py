@@ -1,17 +1,17 @@
 """Rollouts: generate a worker's assigned groups, and score completions with the task verifier.
 
 Shared by the inference worker (which adds proofs and signs), the validator (which recomputes the
-rewards itself, never trusting the worker's), and the plain in-process GRPO loop.
+rewards itself, never trusting the worker's), and the plain in-process GRPO loop. Prompts are
+encoded and completions decoded and scored by the engine (the model's own tokenizer and chat
+template, in the compute child), never here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from node.compute.engine import Engine, Generation
-from node.model import tokenizer
-from node.tasks.rewards import reward as task_reward
-from node.tasks.suite import TaskSuite
+from node.compute.engine import Engine, Generation, ScoreItem
+from node.run import TaskSource
 from swarm.assignment import Assignment
 from swarm.messages import RunParams
 
@@ -31,10 +31,10 @@ def sample_index(prompt_position: int, member: int, group_size: int) -> int:
 
 
 def generate_groups(
-    engine: Engine, suite: TaskSuite, assignment: Assignment, params: RunParams
+    engine: Engine, suite: TaskSource, assignment: Assignment, params: RunParams
 ) -> Rollout:
     g = params.group_size
-    prompts = [tokenizer.encode(suite.task(pid).prompt) for pid in assignment.prompt_ids]
+    prompts = engine.encode_prompts([suite.task(pid).prompt for pid in assignment.prompt_ids])
     flat_prompts = [p for p in prompts for _ in range(g)]
     indices = [sample_index(i, m, g) for i in range(len(prompts)) for m in range(g)]
     flat = engine.generate(
@@ -48,9 +48,17 @@ def generate_groups(
     return Rollout(assignment, prompts, groups)
 
 
-def score(suite: TaskSuite, prompt_id: int, tokens: list[int], params: RunParams) -> float:
-    """The reward of one completion: the task's verifier minus the length penalty."""
-    task = suite.task(prompt_id)
-    return task_reward(
-        task, tokenizer.decode(tokens), len(tokens), length_coeff=params.length_penalty
-    )
+def score_samples(
+    engine: Engine,
+    suite: TaskSource,
+    prompt_ids: list[int],
+    completions: list[list[int]],
+    params: RunParams,
+) -> list[float]:
+    """Rewards of completions (one prompt id each): the task's verifier minus the length
+    penalty, decoded and scored by the engine."""
+    items = []
+    for pid, tokens in zip(prompt_ids, completions, strict=True):
+        task = suite.task(pid)
+        items.append(ScoreItem(list(tokens), task.answer, task.verifier, task.target_len))
+    return engine.score(items, params.length_penalty)

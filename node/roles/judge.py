@@ -21,9 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from node.compute.engine import Engine
-from node.model import tokenizer
-from node.rl.rollout import sample_index, score
-from node.tasks.suite import TaskSuite
+from node.rl.rollout import sample_index, score_samples
+from node.run import TaskSource
 from node.verify import SampleClaim, verify_samples
 from swarm.assignment import assign
 from swarm.errors import ConfigError
@@ -69,7 +68,7 @@ class JudgeContext:
 
     run_id: str
     params: RunParams
-    suite: TaskSuite
+    suite: TaskSource
     newest_version: int
     balances: Balances
 
@@ -185,7 +184,7 @@ def judge(
     p = ctx.params
     g = p.group_size
     prompt_ids = [int(i) for i in s.prompt_ids]
-    prompts = [tokenizer.encode(ctx.suite.task(i).prompt) for i in prompt_ids]
+    prompts = engine.encode_prompts([ctx.suite.task(i).prompt for i in prompt_ids])
     claims = [
         SampleClaim(
             prompt=prompts[j // g],
@@ -220,8 +219,12 @@ def judge(
         hard = any(r.hard for _, r in failed)
         reasons = [f"sample {j}: {why}" for j, r in failed[:8] for why in r.reasons[:2]]
         return Judgement(False, "hard" if hard else "soft", reasons, metrics=metrics)
-    rewards = [
-        score(ctx.suite, prompt_ids[j // g], list(x.tokens), p) for j, x in enumerate(s.samples)
-    ]
+    rewards = score_samples(
+        engine,
+        ctx.suite,
+        [prompt_ids[j // g] for j in range(len(s.samples))],
+        [list(x.tokens) for x in s.samples],
+        p,
+    )
     metrics["mean_reward_micro"] = round(sum(rewards) / len(rewards) * REWARD_SCALE)
     return Judgement(True, "none", [], rewards, metrics)

@@ -5,7 +5,9 @@ fetching), the ledger replica, and the trainer, validator or inference worker.
         ...                                   # role.worker / role.validator / role.trainer
 
 The model runs in a child process by default (``engine_factory``); tests pass an in-process
-engine through the same interface.
+engine through the same interface. Before any role starts, the run's model and data set are
+resolved (``node.run_assets``: a local copy checked against the genesis, the home's cache, or
+fetched from peers) and served to peers; ``RoleHandle.assets`` says where they are.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from typing import Any
 
 import trio
 
+from node.compute.devices import EngineChoice
 from node.compute.engine import Engine
 from node.model import DEFAULT_MODEL_DIR
+from node.model.loading import check_model_dir
+from node.model.text import chat_template_wanted
 from node.policy_feed import PolicyFeed
 from node.roles.cheats import Rogue
 from node.roles.claims import ClaimBook
@@ -29,6 +34,8 @@ from node.roles.ledger_sync import LedgerReplica
 from node.roles.trainer import Trainer
 from node.roles.validator import Validator
 from node.roles.worker import InferenceWorker, Tamper
+from node.run import suite_for
+from node.run_assets import AssetDirs, RunAssets, check_local, obtain
 from node.runtime import Node
 from swarm.evidence import EvidenceStore
 from swarm.ledger import LedgerStore
@@ -36,13 +43,26 @@ from swarm.ledger import LedgerStore
 EngineFactory = Callable[[], Engine]
 
 
-def child_engine(model_dir: Path = DEFAULT_MODEL_DIR) -> EngineFactory:
+def child_engine(
+    model_dir: Path = DEFAULT_MODEL_DIR,
+    choice: EngineChoice | None = None,
+    *,
+    chat_template: bool = False,
+) -> EngineFactory:
     """The production engine: the model in a child process, so the event loop stays free."""
+    choice = choice or EngineChoice()
 
     def make() -> Engine:
         from node.compute.child import ChildEngine
 
-        return ChildEngine(model_dir, threads=1)
+        return ChildEngine(
+            model_dir,
+            kind=choice.kind,
+            dtype=choice.dtype,
+            device=choice.device,
+            threads=1 if choice.device == "cpu" else None,
+            chat_template=chat_template,
+        )
 
     return make
 
@@ -54,6 +74,7 @@ class RoleHandle:
     ledger: LedgerStore
     replica: LedgerReplica
     evidence: EvidenceService
+    assets: RunAssets | None = None
     worker: InferenceWorker | None = None
     validator: Validator | None = None
     trainer: Trainer | None = None
@@ -95,17 +116,28 @@ async def launch(
     run_dir: Path,
     *,
     engine_factory: EngineFactory | None = None,
-    model_dir: Path = DEFAULT_MODEL_DIR,
+    model_dir: Path | None = None,
+    tasks: Path | None = None,
+    asset_dirs: AssetDirs | None = None,
     tamper: Tamper | None = None,
     rogue: Rogue | None = None,
     max_versions: int | None = None,
+    compute: EngineChoice | None = None,
     data_channel: bool = True,
     ledger_sync_every_s: float = 10.0,
     torch_threads: int | None = None,
     policy_refresh_s: float = 10.0,
 ) -> AsyncIterator[RoleHandle]:
+    """``model_dir``/``tasks``: local copies of the run's model and data set (checked against
+    the genesis); default: the home's cache (``asset_dirs``, default under the node's home, else
+    under ``run_dir``), fetched from peers when missing."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    engine_factory = engine_factory or child_engine(model_dir)
+    home = node.config.home
+    dirs = asset_dirs or AssetDirs.under(home.path if home is not None else run_dir)
+    # Local copies that differ from the genesis are refused here, before anything starts.
+    await trio.to_thread.run_sync(
+        lambda: check_local(node.config.genesis.message, node.role, dirs, model_dir, tasks)
+    )
     feed = PolicyFeed(
         node, run_dir / "shards", data_channel=data_channel, refresh_every_s=policy_refresh_s
     )
@@ -121,6 +153,14 @@ async def launch(
         async with trio.open_nursery() as nursery:
             await nursery.start(feed.run)
             nursery.start_soon(replica.run)
+            handle.assets = assets = await obtain(node, feed, dirs, model=model_dir, tasks=tasks)
+            suite = suite_for(node.config.genesis.message, assets.data_set)
+            chat = chat_template_wanted(node.config.genesis.message)
+            # Tokenizer that does not fit the model, chat template missing: stop before work.
+            check_model_dir(assets.model_dir, chat_template=chat)
+            engine_factory = engine_factory or child_engine(
+                assets.model_dir, compute, chat_template=chat
+            )
             if node.role == "trainer":
                 if torch_threads is not None:
                     import torch
@@ -128,19 +168,27 @@ async def launch(
                     # Small models train fastest on one thread, and a busy box has no spare core.
                     torch.set_num_threads(torch_threads)
                 handle.trainer = Trainer(
-                    node, feed, run_dir, model_dir=model_dir, max_versions=max_versions
+                    node,
+                    feed,
+                    run_dir,
+                    model_dir=assets.model_dir,
+                    max_versions=max_versions,
+                    suite=suite,
+                    device=(compute or EngineChoice()).device,
                 )
                 nursery.start_soon(handle.trainer.run)
             elif node.role == "validator":
                 engine = await trio.to_thread.run_sync(engine_factory)
                 claims = ClaimBook(run_dir / "claims.db")
                 handle.validator = Validator(
-                    node, feed, engine, ledger, evidence, claims, rogue=rogue
+                    node, feed, engine, ledger, evidence, claims, rogue=rogue, suite=suite
                 )
                 nursery.start_soon(handle.validator.run)
             elif node.role == "inference":
                 engine = await trio.to_thread.run_sync(engine_factory)
-                handle.worker = InferenceWorker(node, feed, engine, run_dir, tamper=tamper)
+                handle.worker = InferenceWorker(
+                    node, feed, engine, run_dir, tamper=tamper, suite=suite
+                )
                 nursery.start_soon(handle.worker.run)
             yield handle
             nursery.cancel_scope.cancel()

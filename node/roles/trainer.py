@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,10 +26,12 @@ import trio
 from safetensors.torch import save_file
 
 from node.compute.grpo import CollapseGuard, Group, GRPOConfig, GRPOTrainer, StepStats
-from node.model import DEFAULT_MODEL_DIR, load_causal_lm, model_info, tokenizer
+from node.model import DEFAULT_MODEL_DIR, load_causal_lm, model_info
+from node.model.card import check_dir
+from node.model.text import ModelText, chat_template_wanted
 from node.policy_feed import PolicyFeed
 from node.roles.sample_queue import SampleQueue
-from node.run import suite_for
+from node.run import TaskSource, suite_for
 from node.runtime import Node
 from swarm.errors import MalformedError, NotAuthorizedError, ValidationError
 from swarm.messages import REWARD_SCALE, RolloutSubmission, Verdict, decode
@@ -73,20 +76,25 @@ class Trainer:
         model_dir: Path = DEFAULT_MODEL_DIR,
         max_versions: int | None = None,
         on_version: Callable[[int], None] | None = None,
+        suite: TaskSource | None = None,
+        device: str = "cpu",
     ) -> None:
         self.node = node
         self.feed = feed
         self.run_dir = run_dir
         self.params = node.config.genesis.message.params
-        self.suite = suite_for(node.config.genesis.message)
+        self.suite = suite or suite_for(node.config.genesis.message)
         self.max_versions = max_versions
         self.on_version = on_version
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "policies").mkdir(exist_ok=True)
         self.queue = SampleQueue(run_dir / "samples.db")
         self.checkpoint = run_dir / "trainer.ckpt"
+        self.model_dir = model_dir
         info = model_info(model_dir)
-        model = load_causal_lm(model_dir, dtype="float32")
+        genesis = node.config.genesis.message
+        self.text = ModelText(model_dir, chat_template=chat_template_wanted(genesis))
+        model = load_causal_lm(model_dir, dtype="float32", device=device)
         self.grpo = GRPOTrainer(
             model,
             GRPOConfig.from_params(self.params),
@@ -129,7 +137,7 @@ class Trainer:
         for i, pid in enumerate(s.prompt_ids):
             members = s.samples[i * gs : (i + 1) * gs]
             rewards = [r / REWARD_SCALE for r in v.rewards[i * gs : (i + 1) * gs]]
-            prompt = tokenizer.encode(self.suite.task(int(pid)).prompt)
+            prompt = self.text.encode_prompt(self.suite.task(int(pid)).prompt)
             groups.append(
                 Group(prompt, [list(x.tokens) for x in members], rewards, s.policy_version)
             )
@@ -144,8 +152,17 @@ class Trainer:
     async def _publish_current(self) -> None:
         version = self.grpo.version
         path = self._weights_path(version)
-        weights = self.grpo.weights()
-        await trio.to_thread.run_sync(lambda: save_file(weights, str(path)))
+        card = self.node.config.genesis.message.model
+        if version == 0 and card.weights is not None:
+            # Version 0 is the model card's weights file, byte for byte (every node checks).
+            await trio.to_thread.run_sync(
+                lambda: check_dir(card, self.model_dir, what="trainer model")
+            )
+            source = self.model_dir / card.weights.name
+            await trio.to_thread.run_sync(shutil.copyfile, source, path)
+        else:
+            weights = self.grpo.weights()
+            await trio.to_thread.run_sync(lambda: save_file(weights, str(path)))
         await self.feed.publish(version, path)
         self._prune_policies(version)
         self.stats.published_at[version] = round(time.monotonic() - self.stats.started, 3)

@@ -31,7 +31,7 @@ from node.roles.evidence import EvidenceService
 from node.roles.judge import JudgeContext, Judgement, equivocation, judge, precheck
 from node.roles.review import PeerReview
 from node.roles.verdicts import Recorded, record_judgement
-from node.run import suite_for
+from node.run import TaskSource, suite_for
 from node.runtime import Node
 from swarm.errors import NetworkError, RequestTimeout, SwarmError, ValidationError
 from swarm.ledger import Balances, LedgerStore
@@ -68,6 +68,7 @@ class Validator:
         claims: ClaimBook,
         *,
         rogue: Rogue | None = None,
+        suite: TaskSource | None = None,
     ) -> None:
         self.node = node
         self.feed = feed
@@ -77,7 +78,7 @@ class Validator:
         self.claims = claims
         self.rogue = rogue
         self.params = node.config.genesis.message.params
-        self.suite = suite_for(node.config.genesis.message)
+        self.suite = suite or suite_for(node.config.genesis.message)
         self.stats = ValidatorStats()
         self._loaded: int | None = None
         self._lock = trio.Lock()

@@ -27,7 +27,7 @@ from node.compute.engine import Engine
 from node.policy_feed import PolicyFeed
 from node.rl.rollout import generate_groups
 from node.rl.submission import build_submission
-from node.run import suite_for
+from node.run import TaskSource, suite_for
 from node.runtime import Node
 from swarm.assignment import assign
 from swarm.errors import NetworkError, SwarmError
@@ -82,12 +82,13 @@ class InferenceWorker:
         run_dir: Path,
         *,
         tamper: Tamper | None = None,
+        suite: TaskSource | None = None,
     ) -> None:
         self.node = node
         self.feed = feed
         self.engine = engine
         self.params = node.config.genesis.message.params
-        self.suite = suite_for(node.config.genesis.message)
+        self.suite = suite or suite_for(node.config.genesis.message)
         run_dir.mkdir(parents=True, exist_ok=True)
         self.counter = Counter(run_dir / "worker.counter")
         self.tamper = tamper

@@ -1,6 +1,7 @@
-"""Tasks and rewards: the default procedural suite, length penalty, offline filter, math JSONL."""
+"""Tasks and rewards: the default procedural suite, JSONL data sets, verifiers, length penalty,
+offline filter."""
 
-from node.tasks.math_jsonl import load_math_jsonl
+from node.tasks.dataset import TaskDataset, load_dataset
 from node.tasks.rewards import (
     DEFAULT_LENGTH_PENALTY,
     estimate_solve_rate,
@@ -9,18 +10,22 @@ from node.tasks.rewards import (
     reward,
 )
 from node.tasks.suite import FAMILIES, LEVELS, Task, TaskSuite, default_suite, make_task
+from node.tasks.verifiers import VERIFIERS, verify_answer
 
 __all__ = [
     "DEFAULT_LENGTH_PENALTY",
     "FAMILIES",
     "LEVELS",
+    "VERIFIERS",
     "Task",
+    "TaskDataset",
     "TaskSuite",
     "default_suite",
     "estimate_solve_rate",
     "length_penalty",
-    "load_math_jsonl",
+    "load_dataset",
     "make_task",
     "offline_filter",
     "reward",
+    "verify_answer",
 ]

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+from node.tasks.verifiers import verify_answer
 from swarm.errors import ConfigError
 
 FAMILIES = ("add", "sub", "rev", "sort")
@@ -47,13 +48,12 @@ class Task:
     prompt: str
     answer: str
     target_len: int | None = None
-    checker: Callable[[str], float] | None = field(default=None, compare=False, repr=False)
+    verifier: str = "exact"
+    """How the answer is checked (:mod:`node.tasks.verifiers`): ``exact`` or ``math``."""
 
     def reward(self, completion: str) -> float:
         """Task reward in [0, 1] for the decoded ``completion`` (text before EOS)."""
-        if self.checker is not None:
-            return float(self.checker(completion))
-        return 1.0 if completion.strip() == self.answer else 0.0
+        return verify_answer(self.verifier, self.answer, completion)
 
 
 def _rng(seed: int, task_id: int) -> random.Random:

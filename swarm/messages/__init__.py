@@ -11,7 +11,7 @@ from swarm.messages._base import Fields, Message, Signed, decode, decode_as, sig
 from swarm.messages.ledger import LedgerEvent
 from swarm.messages.membership import ROLES, PolicyAnnouncement, Role, RoleAdvert, parse_role
 from swarm.messages.rollouts import REWARD_SCALE, RolloutSubmission, Sample, Verdict
-from swarm.messages.run import ModelSpec, RunGenesis, RunParams, run_id_of
+from swarm.messages.run import FileRef, ModelSpec, RunGenesis, RunParams, run_id_of
 from swarm.messages.shards import ShardFile, ShardManifest
 from swarm.wire import open_envelope
 
@@ -41,6 +41,7 @@ __all__ = [
     "REWARD_SCALE",
     "ROLES",
     "Fields",
+    "FileRef",
     "LedgerEvent",
     "Message",
     "ModelSpec",

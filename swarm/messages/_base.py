@@ -54,6 +54,10 @@ class Fields:
             )
         return value
 
+    def has(self, name: str) -> bool:
+        """Whether the payload carries ``name`` (for optional fields without a default)."""
+        return name in self._map
+
     def text(self, name: str, default: Any = None) -> str:
         return self._get(name, str, _REQUIRED if default is None else default)  # type: ignore[no-any-return]
 

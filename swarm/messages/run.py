@@ -10,6 +10,7 @@ numbers are decimal strings that ``RunParams`` parses and checks.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any, ClassVar, Self
 from swarm.errors import ConfigError, MalformedError
 from swarm.identity import public_from_peer_id
 from swarm.messages._base import Fields, Signed, typed
+from swarm.wire import canonical
 
 
 def run_id_of(genesis: Signed[RunGenesis]) -> str:
@@ -120,16 +122,85 @@ def _parse_param(key: str, annotation: Any, value: Any, *, strings: bool) -> Any
     raise MalformedError(f"run parameter {key} has unsupported type {wanted}")
 
 
+MAX_CARD_FILES = 64
+_BAD_NAME = frozenset({"", ".", ".."})
+
+
+@dataclass(frozen=True, slots=True)
+class FileRef:
+    """A file a run binds by content: a plain file name (no folders), its sha256 and size."""
+
+    name: str
+    sha256: bytes
+    size: int
+
+    def __post_init__(self) -> None:
+        if self.name in _BAD_NAME or "/" in self.name or "\\" in self.name or "\0" in self.name:
+            raise MalformedError(f"bound file name {self.name[:80]!r} is not a plain file name")
+        if len(self.sha256) != 32:
+            raise MalformedError(f"bound file {self.name!r}: sha256 must be 32 bytes")
+        if self.size < 0:
+            raise MalformedError(f"bound file {self.name!r}: negative size")
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.name, "sha256": self.sha256, "size": self.size}
+
+    @classmethod
+    def from_wire(cls, f: Fields) -> Self:
+        return cls(f.text("name"), f.blob("sha256", length=32), f.integer("size", minimum=0))
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """Which model the run trains: a name, its architecture config, and policy v0's manifest."""
+    """Which model the run trains: the model card.
+
+    A bound card (``weights`` set) names every small file of the Hugging Face directory
+    (``files``: config, tokenizer files with the chat template, generation config) and the
+    version-0 weights file by sha256 and size, and whether the run applies the model's chat
+    template. A genesis written before cards existed has only ``name`` (and the unused
+    ``config``/``manifest_id``); such a run binds no model and nodes use their local one.
+    """
 
     name: str
     config: Mapping[str, Any] = field(default_factory=dict)
     manifest_id: bytes = b""
+    files: tuple[FileRef, ...] = ()
+    weights: FileRef | None = None
+    chat_template: bool = False
+
+    def __post_init__(self) -> None:
+        names = [ref.name for ref in self.all_files()]
+        if len(names) != len(set(names)):
+            raise MalformedError("a model card names a file twice")
+        if len(self.files) > MAX_CARD_FILES:
+            raise MalformedError(f"a model card holds at most {MAX_CARD_FILES} small files")
+
+    @property
+    def bound(self) -> bool:
+        """True when the card binds files and weights (a run created with a model card)."""
+        return self.weights is not None
+
+    def all_files(self) -> tuple[FileRef, ...]:
+        return (*self.files, *(() if self.weights is None else (self.weights,)))
+
+    def card_id(self) -> str:
+        """32 hex characters naming this card (the home caches its files under it)."""
+        return hashlib.sha256(canonical(self.to_wire())).hexdigest()[:32]
 
     def to_wire(self) -> dict[str, Any]:
-        return {"name": self.name, "config": dict(self.config), "manifest_id": self.manifest_id}
+        out: dict[str, Any] = {
+            "name": self.name,
+            "config": dict(self.config),
+            "manifest_id": self.manifest_id,
+        }
+        # Written only when set, so a card-less spec encodes exactly as before cards existed.
+        if self.files:
+            out["files"] = [ref.to_wire() for ref in self.files]
+        if self.weights is not None:
+            out["weights"] = self.weights.to_wire()
+        if self.chat_template:
+            out["chat_template"] = True
+        return out
 
     @classmethod
     def from_wire(cls, f: Fields) -> Self:
@@ -137,6 +208,9 @@ class ModelSpec:
             name=f.text("name"),
             config=f.plain_map("config", {}),
             manifest_id=f.blob("manifest_id", b""),
+            files=f.items("files", FileRef.from_wire, []),
+            weights=FileRef.from_wire(f.sub("weights")) if f.has("weights") else None,
+            chat_template=f.flag("chat_template", False),
         )
 
 
@@ -155,6 +229,8 @@ class RunGenesis:
     trainers: tuple[str, ...]
     validators: tuple[str, ...]
     params: RunParams = field(default_factory=RunParams)
+    task_data: FileRef | None = None
+    """The JSONL data set of a ``task_suite="jsonl"`` run, bound by sha256."""
 
     def __post_init__(self) -> None:
         for peer in (*self.trainers, *self.validators):
@@ -174,6 +250,7 @@ class RunGenesis:
             "trainers": list(self.trainers),
             "validators": list(self.validators),
             "params": self.params.to_wire(),
+            **({} if self.task_data is None else {"task_data": self.task_data.to_wire()}),
         }
 
     @classmethod
@@ -187,4 +264,5 @@ class RunGenesis:
             trainers=f.seq("trainers", typed(str, "trainers")),
             validators=f.seq("validators", typed(str, "validators")),
             params=RunParams.from_map(f.plain_map("params", {})),
+            task_data=FileRef.from_wire(f.sub("task_data")) if f.has("task_data") else None,
         )

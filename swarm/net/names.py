@@ -36,7 +36,10 @@ SYNC: Final = "ledger-sync"
 EVIDENCE: Final = "evidence"
 """A signed envelope by its id (sha256 of its bytes): the evidence behind verdicts, served by
 every holder (``node.roles.evidence``)."""
-STREAM_NAMES: Final = (MANIFEST, SHARD, POLICY, SUBMIT, SAMPLES, SYNC, EVIDENCE)
+RUN_FILES: Final = "run-files"
+"""The small files a genesis binds by sha256 (the model card's files, a task data set), served
+by every holder (``node.run_files``)."""
+STREAM_NAMES: Final = (MANIFEST, SHARD, POLICY, SUBMIT, SAMPLES, SYNC, EVIDENCE, RUN_FILES)
 """Every request/response protocol of a run (``docs/protocol.md`` describes each)."""
 _STREAM_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 

@@ -10,6 +10,7 @@ is "untyped" exactly when a handler let one escape (the stream layer would hide 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections.abc import Awaitable, Callable
@@ -25,9 +26,11 @@ from node import admin
 from node.compute.torch_engine import TorchEngine
 from node.model import DEFAULT_MODEL_DIR
 from node.roles.launch import RoleHandle, launch
+from node.run_files import file_request
 from node.runtime import Node
 from swarm.errors import PeerError, SwarmError
 from swarm.messages import (
+    FileRef,
     PolicyAnnouncement,
     RolloutSubmission,
     Sample,
@@ -43,7 +46,7 @@ from tests.fuzz.targets import PROOF, Target, resigned
 from tests.netfactory import NetFactory, key_named, wait_until
 
 FUZZ_LIMITS = StreamLimits(max_request=1 << 20, max_response=8 << 20, timeout=20.0)
-HANDLERS = ("submit", "samples", "policy", "ledger-sync", "manifest", "shard")
+HANDLERS = ("submit", "samples", "policy", "ledger-sync", "manifest", "shard", "run-files")
 
 
 class LiveSwarm:
@@ -183,12 +186,20 @@ class LiveSwarm:
         assert raw is not None and Holdings.from_bytes(raw).complete
         raw = await self.send("ledger-sync", pack(["ranges", [["", 0, b""]]]), "honest")
         assert raw is not None and isinstance(msgpack.unpackb(raw), list)
+        config = self._config_ref()
+        raw = await self.send("run-files", file_request(config.sha256, 0), "honest")
+        assert raw is not None and hashlib.sha256(raw).digest() == config.sha256
         honest_submission = sign(self._submission(self.honest.run_id), self.honest.key)
         raw = await self.send("submit", honest_submission.raw, "honest")
         assert raw is not None, "the validator did not judge an honest peer's submission"
         assert decode(raw, Verdict).message.submission_id == honest_submission.id
         status = await self.admin_line(b'{"cmd": "status"}\n')
         assert status["ok"] and status["status"]["role"] == "inference"
+
+    def _config_ref(self) -> FileRef:
+        return next(
+            r for r in self.trainer.config.genesis.message.model.files if r.name == "config.json"
+        )
 
     _counter = 0
 
@@ -212,6 +223,11 @@ class LiveSwarm:
             "policy": (b"", b"\x00"),
             "ledger-sync": (pack(["ranges", [["", 0, b""]]]), pack(["get", [bytes(8)]])),
             "manifest": (ManifestRequest().to_bytes(), ManifestRequest(0).to_bytes()),
+            "run-files": (
+                file_request(self._config_ref().sha256, 0),
+                file_request(bytes(32), 0),
+                file_request(self._config_ref().sha256, 1 << 40),
+            ),
             "shard": tuple(
                 ShardRequest(op, 0, 0, 0, 100).to_bytes()  # type: ignore[arg-type]
                 for op in ("have", "get", "channel")

@@ -22,7 +22,7 @@ import numpy as np
 import trio
 from hypothesis import strategies as st
 
-from node.audit import BUNDLE_FORMAT, audit_bundle
+from node.audit import BUNDLE_FORMAT, AuditAssets, audit_bundle
 from node.roles.sample_queue import SampleQueue
 from node.run import create_genesis
 from swarm import toploc, wire
@@ -181,7 +181,7 @@ def _bundle(data: bytes) -> object:
     path = _scratch() / "bundle.msgpack"
     path.write_bytes(data)
     # No policy weights: parsing and checks are fuzzed, the replay itself stops typed.
-    return audit_bundle(path, lambda version: None)
+    return audit_bundle(path, lambda version: None, AuditAssets(v0_from_model=False))
 
 
 def _ledger_file(data: bytes) -> object:

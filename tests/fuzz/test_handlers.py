@@ -1,7 +1,7 @@
 """The stream handlers of running nodes (submit on a validator; samples, policy, ledger-sync,
-manifest and shard on a trainer) and the admin socket, fed random and mutated requests through
-real libp2p streams: every handler fails only with typed errors, and afterwards every protocol
-still serves an honest peer correctly."""
+manifest, shard and run-files on a trainer) and the admin socket, fed random and mutated
+requests through real libp2p streams: every handler fails only with typed errors, and afterwards
+every protocol still serves an honest peer correctly."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ NAMES = [
     "stream.ledger-sync",
     "stream.manifest",
     "stream.shard",
+    "stream.run-files",
     "admin.request_line",
 ]
 

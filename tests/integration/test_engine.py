@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from node.compute.child import ChildEngine
+from node.compute.engine import ScoreItem
 from node.compute.torch_engine import TorchEngine
 from node.model import DEFAULT_MODEL_DIR
 from node.model import tokenizer as tok
 from node.tasks import default_suite
+from node.verify import SampleClaim, VerifySettings
 from swarm.errors import EngineError
 from swarm.toploc import (
     CHUNK_SIZE,
@@ -157,6 +159,57 @@ def test_child_crash_is_a_clear_error_and_restart_recovers(child: ChildEngine) -
 def test_child_on_a_bad_model_dir_fails_clearly(tmp_path: Path) -> None:
     with pytest.raises(EngineError, match=r"config\.json"):
         ChildEngine(tmp_path)
+
+
+@pytest.mark.slow
+def test_child_tokenizes_scores_and_verifies_like_the_in_process_engine(
+    child: ChildEngine, engine: TorchEngine
+) -> None:
+    texts = [default_suite().task(i).prompt for i in range(3)]
+    assert child.encode_prompts(texts) == engine.encode_prompts(texts) == PROMPTS[:3]
+    task = default_suite().task(0)
+    items = [
+        ScoreItem([*tok.encode(task.answer, bos=False), tok.EOS_ID], task.answer, "exact"),
+        ScoreItem([*b"0.50", tok.EOS_ID], "\\boxed{1/2}", "math", target_len=2),
+        ScoreItem([tok.EOS_ID], task.answer, "exact"),
+    ]
+    assert child.score(items, 0.1) == engine.score(items, 0.1) == [1.0, pytest.approx(0.7), 0.0]
+    gens = engine.generate(PROMPTS[:2], [5, 5], 1.0, 12, sample_indices=[0, 1])
+    claims = [
+        SampleClaim(p, g.tokens, 5, j, g.finish_reason, build_proofs(g.hidden))
+        for j, (p, g) in enumerate(zip(PROMPTS[:2], gens, strict=True))
+    ]
+    forged = SampleClaim(PROMPTS[0], [*gens[0].tokens], 5, 1, gens[0].finish_reason, [])
+    settings = VerifySettings(temperature=1.0, max_tokens=12)
+    there = child.verify([*claims, forged], settings)
+    assert [v.ok for v in there] == [True, True, False]
+    assert [v.ok for v in engine.verify([*claims, forged], settings)] == [True, True, False]
+
+
+@pytest.mark.slow
+def test_child_runs_a_hugging_face_model_with_its_chat_template(hf_model_dir: Path) -> None:
+    with ChildEngine(hf_model_dir, threads=1, chat_template=True) as eng:
+        (prompt,) = eng.encode_prompts(["rev:abc="])
+        assert eng.info.eos_id == 2 and eng.info.vocab_size == 512
+        (gen,) = eng.generate([prompt], [3], 1.0, 20)
+        claim = SampleClaim(prompt, gen.tokens, 3, 0, gen.finish_reason, build_proofs(gen.hidden))
+        (verdict,) = eng.verify([claim], VerifySettings(temperature=1.0, max_tokens=20))
+        assert verdict.ok, verdict.reasons
+        assert isinstance(eng.decode(gen.tokens), str)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_torch_engine_on_cuda_in_bf16_is_verified_on_the_cpu(hf_model_dir: Path) -> None:
+    gpu = TorchEngine.from_dir(hf_model_dir, dtype="bfloat16", device="cuda")
+    cpu = TorchEngine.from_dir(hf_model_dir, dtype="float32")
+    prompts = gpu.encode_prompts(["rev:abc=", "sort:zyx="] * 4)
+    gens = gpu.generate(prompts, [1] * 8, 1.0, 40)
+    claims = [
+        SampleClaim(p, g.tokens, 1, j, g.finish_reason, build_proofs(g.hidden))
+        for j, (p, g) in enumerate(zip(prompts, gens, strict=True))
+    ]
+    assert all(v.ok for v in cpu.verify(claims, VerifySettings(temperature=1.0, max_tokens=40)))
 
 
 @pytest.mark.gpu

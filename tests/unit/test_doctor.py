@@ -41,3 +41,15 @@ def test_key_checks_say_to_init_and_then_pass(tmp_path: Path) -> None:
     assert check_key(home).status == "ok"
     names = [c.name for c in run_checks(home, ())]
     assert {"software", "key", "disk", "memory", "accelerator"} <= set(names)
+
+
+def test_doctor_says_which_engine_device_and_dtype_join_would_pick_and_why() -> None:
+    from node.compute.devices import Accelerators
+    from node.doctor import check_accelerator
+
+    found, picked = check_accelerator(Accelerators((), False, "no NVIDIA device on this machine"))
+    assert found.status == "warn" and "no NVIDIA device" in found.detail
+    assert picked.detail == "torch on cpu in float32"
+    assert "bf16 is slow on CPUs" in picked.hint and "--device" in picked.hint
+    _, gpu = check_accelerator(Accelerators(("NVIDIA H200",), True, "torch 2.11"))
+    assert gpu.detail == "torch on cuda:0 in bfloat16" and "--engine vllm" in gpu.hint

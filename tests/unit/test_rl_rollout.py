@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 from node.compute.torch_engine import TorchEngine
-from node.model import DEFAULT_MODEL_DIR, tokenizer
+from node.model import DEFAULT_MODEL_DIR
+from node.model import tokenizer as byte_ids
 from node.rl.inprocess import train_inprocess
-from node.rl.rollout import generate_groups, sample_index, score
+from node.rl.rollout import generate_groups, sample_index, score_samples
 from node.tasks.suite import default_suite
 from swarm.assignment import assign
 from swarm.messages import RunParams
@@ -17,7 +18,8 @@ def test_groups_follow_the_assignment_and_replay_exactly() -> None:
     assignment = assign("r", 0, "w", 0, n_prompts=2, suite_size=suite.size)
     rollout = generate_groups(engine, suite, assignment, PARAMS)
     assert [len(g) for g in rollout.generations] == [4, 4]
-    assert rollout.prompts[1] == tokenizer.encode(suite.task(assignment.prompt_ids[1]).prompt)
+    # The engine encodes with the model's own tokenizer: for the embedded model, BOS + bytes.
+    assert rollout.prompts[1] == byte_ids.encode(suite.task(assignment.prompt_ids[1]).prompt)
     # Sample j = (prompt 1, member 2) regenerated alone gives the same tokens.
     again = engine.generate(
         [rollout.prompts[1]],
@@ -29,12 +31,13 @@ def test_groups_follow_the_assignment_and_replay_exactly() -> None:
     assert again[0].tokens == rollout.generations[1][2].tokens
 
 
-def test_score_uses_the_task_verifier() -> None:
+def test_score_decodes_with_the_model_tokenizer_and_uses_the_task_verifier() -> None:
+    engine = TorchEngine.from_dir(DEFAULT_MODEL_DIR)
     suite = default_suite()
     task = suite.task(3)
-    right = [*tokenizer.encode(task.answer, bos=False), tokenizer.EOS_ID]
-    assert score(suite, 3, right, PARAMS) == 1.0
-    assert score(suite, 3, [tokenizer.EOS_ID], PARAMS) == 0.0
+    right = [*byte_ids.encode(task.answer, bos=False), byte_ids.EOS_ID, *b"junk"]
+    rewards = score_samples(engine, suite, [3, 3], [right, [byte_ids.EOS_ID]], PARAMS)
+    assert rewards == [1.0, 0.0]
 
 
 def test_inprocess_loop_reports_every_version() -> None:

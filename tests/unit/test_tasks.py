@@ -1,9 +1,10 @@
-"""The default task suite, rewards, length penalty, offline filter, math JSONL loader."""
+"""The default task suite, JSONL data sets, verifiers, rewards, length penalty, offline filter."""
 
 from __future__ import annotations
 
-import importlib.util
+import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,12 @@ from node.tasks import (
     default_suite,
     estimate_solve_rate,
     length_penalty,
-    load_math_jsonl,
+    load_dataset,
     make_task,
     offline_filter,
     reward,
 )
+from swarm.assignment import assign
 from swarm.errors import ConfigError
 
 
@@ -94,20 +96,90 @@ def test_bad_suite_arguments_are_config_errors() -> None:
         default_suite().task(-1)
 
 
-def test_math_jsonl_without_the_extra_or_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError):
-        load_math_jsonl(tmp_path / "missing.jsonl")
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text("{not json}\n")
-    with pytest.raises(ConfigError):
-        load_math_jsonl(bad)
+def write_jsonl(path: Path, rows: list[object]) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
 
 
-@pytest.mark.skipif(importlib.util.find_spec("math_verify") is None, reason="extra 'math' absent")
-def test_math_jsonl_checks_answers_with_math_verify(tmp_path: Path) -> None:
-    path = tmp_path / "math.jsonl"
-    rows = [{"prompt": "What is 1/2 + 1/4?", "answer": "$\\frac{3}{4}$"}]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    (task,) = load_math_jsonl(path)
-    assert task.reward("The answer is $0.75$") == 1.0
-    assert task.reward("The answer is $\\frac{1}{3}$") == 0.0
+MATH_ROWS = [
+    {"prompt": "What is 1/2 written as a decimal?", "answer": "0.5", "verifier": "math"},
+    {"prompt": "Half of one?", "answer": "\\boxed{1/2}", "verifier": "math"},
+    {"prompt": "What is 1/2 + 1/4?", "answer": "$\\frac{3}{4}$", "verifier": "math"},
+    {"prompt": "rev:abc=", "answer": "cba", "target_len": 4},
+]
+
+
+@pytest.mark.parametrize(
+    ("task_id", "completion", "expected"),
+    [
+        (0, "The answer is \\boxed{1/2}", 1.0),
+        (0, "$\\frac{1}{2}$", 1.0),
+        (0, "0.50", 1.0),
+        (0, "\\boxed{0.6}", 0.0),
+        (1, "0.5", 1.0),
+        (1, "It is 1/3", 0.0),
+        (2, "The answer is $0.75$", 1.0),
+        (2, "$\\frac{1}{3}$", 0.0),
+        (2, "no number here {{{", 0.0),
+        (3, " cba ", 1.0),
+        (3, "cb a", 0.0),
+    ],
+)
+def test_math_verify_scores_answer_forms_as_a_person_would(
+    tmp_path: Path, task_id: int, completion: str, expected: float
+) -> None:
+    data = load_dataset(write_jsonl(tmp_path / "math.jsonl", list(MATH_ROWS)))
+    assert data.task(task_id).reward(completion) == expected
+
+
+def test_dataset_ids_follow_lines_and_it_works_like_a_suite(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [MATH_ROWS[0], "", MATH_ROWS[3]])
+    data = load_dataset(path)
+    assert data.size == 2 and [data.task(i).prompt for i in data.ids()] == [
+        MATH_ROWS[0]["prompt"],
+        "rev:abc=",
+    ]
+    assert data.task(0).verifier == "math" and data.task(1).verifier == "exact"
+    assert data.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(ConfigError, match="outside the data set"):
+        data.task(2)
+
+
+def test_offline_filter_and_length_penalty_work_on_a_dataset(tmp_path: Path) -> None:
+    data = load_dataset(write_jsonl(tmp_path / "d.jsonl", list(MATH_ROWS)))
+    rates = {0: 1.0, 1: 0.5, 2: 0.0, 3: 0.25}
+    kept, dropped = offline_filter(data.ids(), rates.__getitem__)
+    filtered = data.with_excluded(set(dropped))
+    assert filtered.ids() == kept == [1, 3]
+    a = assign("r", 0, "w", 0, n_prompts=2, suite_size=filtered.size, excluded=filtered.excluded)
+    assert set(a.prompt_ids) <= {1, 3}
+    # target_len 4 on "cba": 3 tokens -> penalty coeff * 1
+    assert reward(data.task(3), "cba", 3, length_coeff=0.1) == pytest.approx(0.9)
+    assert reward(data.task(0), "0.5", 30, length_coeff=0.1) == 1.0  # no target: no penalty
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("{not json}", "d.jsonl:2: not JSON"),
+        ('["prompt", "answer"]', "d.jsonl:2: a line must be a JSON object"),
+        ('{"answer": "1"}', 'd.jsonl:2: "prompt" must be a non-empty string'),
+        ('{"prompt": "p"}', 'd.jsonl:2: "answer" must be'),
+        ('{"prompt": "p", "answer": "1", "verifier": "llm"}', "verifier 'llm' is not one of"),
+        ('{"prompt": "p", "answer": "1", "target_len": -3}', "target_len"),
+    ],
+)
+def test_bad_dataset_lines_name_file_and_line(tmp_path: Path, line: str, says: str) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [MATH_ROWS[0], line])
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_dataset(path)
+
+
+def test_missing_or_empty_dataset_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the data set"):
+        load_dataset(tmp_path / "missing.jsonl")
+    with pytest.raises(ConfigError, match="holds no tasks"):
+        load_dataset(write_jsonl(tmp_path / "empty.jsonl", ["", "  "]))
+    (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_dataset(tmp_path / "bin.jsonl")

@@ -1,0 +1,203 @@
+"""A run binds its model and its data set: a fresh worker that has only the genesis and a
+bootstrap address fetches the card's files (run-files), the v0 weights (SHARDCAST) and the data
+set from its peers, checks every hash, generates with the model's chat template, and is verified
+and credited. A worker given a different local model is refused, the file named; a trainer whose
+v0 is not the card's weights never announces it, and a v0 that differs is refused everywhere."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from bootstrap.service import BootstrapConfig, BootstrapPeer
+from node.audit import AuditAssets, audit_ledger, policy_dir_source
+from node.compute.torch_engine import TorchEngine
+from node.home import NodeHome
+from node.model.card import ModelMismatchError, card_for_dir, check_dir
+from node.policy_feed import PolicyFeed
+from node.roles.launch import RoleHandle, launch
+from node.run import create_genesis
+from node.run_assets import AssetDirs
+from node.runtime import Node, RuntimeConfig
+from swarm.errors import ValidationError
+from swarm.messages import RunGenesis, RunParams, Signed
+from swarm.shardcast import publish
+from tests.hf_model import make_test_model
+from tests.netfactory import FAST_DIAL, LOOPBACK, key_named, wait_until
+
+PARAMS = RunParams(group_size=2, batch_prompts=1, max_tokens=6, async_level=2)
+
+
+@pytest.fixture(scope="module")
+def models(hf_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The run's model (``scripts/make_test_model.py``: Qwen2, BPE tokenizer, ChatML) and
+    another one of the same shape (seed 1)."""
+    other = make_test_model(tmp_path_factory.mktemp("models") / "other-model", seed=1)
+    return hf_model_dir, other
+
+
+def data_set(path: Path) -> Path:
+    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a), "verifier": "exact"} for a in range(8)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def genesis_for(model: Path, tasks: Path) -> Signed[RunGenesis]:
+    return create_genesis(
+        key_named("owner"),
+        name="bound",
+        trainers=[key_named("trainer").peer_id],
+        validators=[key_named("validator").peer_id],
+        params=PARAMS,
+        model=card_for_dir(model, name="test-qwen2"),
+        task_data=tasks,
+        created_at=1,
+    )
+
+
+class Swarm:
+    def __init__(self, stack: AsyncExitStack, genesis: Signed[RunGenesis], root: Path) -> None:
+        self.stack, self.genesis, self.root = stack, genesis, root
+        self.boot: BootstrapPeer | None = None
+
+    async def bootstrap(self) -> None:
+        self.boot = await self.stack.enter_async_context(
+            BootstrapPeer.start(
+                BootstrapConfig(
+                    key=key_named("boot"), listen=LOOPBACK, heartbeat=0.2, genesis=(self.genesis,)
+                )
+            )
+        )
+
+    def config(self, name: str, role: str, home: NodeHome | None = None) -> RuntimeConfig:
+        assert self.boot is not None
+        return RuntimeConfig(
+            key=key_named(name),
+            genesis=self.genesis,
+            role=role,  # type: ignore[arg-type]
+            listen=LOOPBACK,
+            bootstrap=self.boot.addrs()[:1],
+            home=home,
+            heartbeat=0.2,
+            discover_every_s=0.5,
+            dial=FAST_DIAL,
+        )
+
+    async def start(
+        self, name: str, role: str, engine: Callable[[], Any] | None = None, **kw: Any
+    ) -> RoleHandle:
+        node = await self.stack.enter_async_context(Node.start(self.config(name, role)))
+        return await self.stack.enter_async_context(
+            launch(
+                node,
+                self.root / name,
+                engine_factory=engine,
+                ledger_sync_every_s=1.0,
+                **kw,
+            )
+        )
+
+
+@pytest.mark.slow
+async def test_a_fresh_worker_fetches_the_bound_model_and_is_credited(
+    tmp_path: Path, models: tuple[Path, Path]
+) -> None:
+    model, other = models
+    tasks = data_set(tmp_path / "tasks.jsonl")
+    genesis = genesis_for(model, tasks)
+    card = genesis.message.model
+    assert card.chat_template  # the test model has a ChatML template, and the run applies it
+
+    async with AsyncExitStack() as stack:
+        swarm = Swarm(stack, genesis, tmp_path)
+        await swarm.bootstrap()
+        trainer = await swarm.start("trainer", "trainer", model_dir=model, tasks=tasks)
+        # The validator holds the model but not the data set: it fetches that from the trainer.
+        validator = await swarm.start(
+            "validator",
+            "validator",
+            lambda: TorchEngine.from_dir(model, chat_template=card.chat_template),
+            model_dir=model,
+        )
+        assert validator.assets is not None and validator.assets.data_set is not None
+
+        # A fresh worker: the genesis, a bootstrap address and an empty home, nothing else.
+        home = NodeHome(tmp_path / "fresh-home")
+        dirs = AssetDirs.under(home.path)
+        node = await stack.enter_async_context(
+            Node.start(swarm.config("fresh-worker", "inference", home))
+        )
+        worker = await stack.enter_async_context(
+            launch(
+                node,
+                home.run_dir(node.run_id),
+                engine_factory=lambda: TorchEngine.from_dir(
+                    dirs.model(card), chat_template=card.chat_template
+                ),
+                ledger_sync_every_s=1.0,
+            )
+        )
+        assert worker.assets is not None and worker.assets.model_dir == dirs.model(card)
+        check_dir(card, dirs.model(card))  # every file, the weights included, as the card says
+        assert worker.assets.data_set == dirs.data_set(genesis.message.task_data)  # type: ignore[arg-type]
+        assert worker.feed.store.info(0).pinned  # v0 is kept, so later joiners can fetch it
+
+        wid = node.peer_id
+        await wait_until(lambda: worker.worker and worker.worker.stats.accepted >= 1, 180, 0.2)
+        await wait_until(
+            lambda: validator.ledger.balances().of(wid) > PARAMS.initial_balance, 60, 0.2
+        )
+        assert trainer.trainer is not None
+
+        # A worker with a different local model is refused before any work, the file named.
+        with pytest.raises(ModelMismatchError, match=r"--model .*other-model: \S+ (differs|has)"):
+            await swarm.start("wrong-worker", "inference", model_dir=other)
+        ledger_path = validator.ledger.path
+
+    # The audit loads the run's model by its card: here from the fresh worker's home cache.
+    policies = policy_dir_source(tmp_path / "trainer" / "policies")
+    rows = audit_ledger(ledger_path, policies, assets=AuditAssets(home=home.path))
+    assert any(r.check == "accept replay" for r in rows), rows
+    assert all(r.ok for r in rows), rows
+    with pytest.raises(ModelMismatchError, match="other-model"):
+        audit_ledger(ledger_path, policies, assets=AuditAssets(model=other, home=home.path))
+
+
+async def test_every_node_refuses_a_v0_that_is_not_the_cards_weights(
+    tmp_path: Path, models: tuple[Path, Path]
+) -> None:
+    model, other = models
+    genesis = genesis_for(model, data_set(tmp_path / "tasks.jsonl"))
+    async with AsyncExitStack() as stack:
+        swarm = Swarm(stack, genesis, tmp_path)
+        await swarm.bootstrap()
+        trainer = await stack.enter_async_context(Node.start(swarm.config("trainer", "trainer")))
+        worker = await stack.enter_async_context(Node.start(swarm.config("worker", "inference")))
+        feed = PolicyFeed(trainer, tmp_path / "shards", data_channel=False)
+        worker_feed = PolicyFeed(worker, tmp_path / "w-shards", data_channel=False)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(feed.run)
+            await nursery.start(worker_feed.run)
+            # The trainer's own publish refuses to announce another file as v0 ...
+            with pytest.raises(ValidationError, match="not the run's model weights"):
+                await feed.publish(0, other / "model.safetensors")
+            assert trainer.policy.newest is None and 0 not in feed.store.versions()
+            # ... and a v0 cut behind its back is refused by every node that fetches it.
+            publish(
+                other / "model.safetensors",
+                key=trainer.key,
+                genesis=genesis,
+                version=0,
+                store=feed.store,
+            )
+            await wait_until(lambda: worker.peers_by_role().get("trainer"), 30)
+            with pytest.raises(ValidationError, match="not the run's model weights"):
+                await worker_feed.fetch_version(0)
+            assert 0 not in worker_feed.store.versions()
+            nursery.cancel_scope.cancel()
