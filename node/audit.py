@@ -22,6 +22,7 @@ from typing import Any
 
 import msgpack
 
+from node.bundle import BUNDLE_FORMAT, pack_bundle
 from node.compute.torch_engine import TorchEngine
 from node.model import DEFAULT_MODEL_DIR
 from node.roles.judge import JudgeContext, judge
@@ -39,7 +40,6 @@ from swarm.messages import (
     run_id_of,
 )
 
-BUNDLE_FORMAT = "swarm-node/proof-bundle/1"
 PolicySource = Callable[[int], Path | None]
 
 
@@ -211,15 +211,10 @@ def export_bundle(ledger: Path, submission_id: bytes, out: Path) -> None:
     submission, verdict, related = _evidence_of(store, submission_id)
     if submission is None or verdict is None:
         raise ConfigError(f"no evidence for submission {submission_id.hex()} in {ledger}")
-    bundle = {
-        "format": BUNDLE_FORMAT,
-        "genesis": store.genesis.raw,
-        "submission": submission.raw,
-        "verdict": verdict.raw,
-        "related": [r.raw for r in related if r.id != submission.id],
-    }
+    related_raw = [r.raw for r in related if r.id != submission.id]
+    data = pack_bundle(store.genesis.raw, submission.raw, verdict.raw, related_raw)
     store.close()
-    out.write_bytes(msgpack.packb(bundle, use_bin_type=True))
+    out.write_bytes(data)
 
 
 def audit_bundle(path: Path, source: PolicySource) -> list[AuditRow]:

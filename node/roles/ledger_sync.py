@@ -2,7 +2,9 @@
 gossip missed (a partition, a restart), so replicas converge on the same grow-only set.
 
 ``/swarm-node/<run>/ledger-sync/1``: a request is msgpack ``["ids"]`` (answer: the ids we hold)
-or ``["get", [id, ...]]`` (answer: those events' envelopes, at most ``MAX_BATCH``).
+or ``["get", [id, ...]]`` (answer: those events' envelopes, at most ``MAX_BATCH``) or
+``["evidence", submission_id]`` (answer: ``[submissions, verdicts]``, the envelopes this node
+keeps about that submission, what an audit bundle is made of; empty lists when it keeps none).
 """
 
 from __future__ import annotations
@@ -65,6 +67,13 @@ class LedgerReplica:
         if op == "get" and len(request) > 1 and isinstance(request[1], list):
             wanted = [bytes(i) for i in request[1][:MAX_BATCH] if isinstance(i, bytes)]
             return msgpack.packb(list(self.store.raw_events(wanted)), use_bin_type=True)  # type: ignore[no-any-return]
+        if op == "evidence" and len(request) > 1 and isinstance(request[1], bytes):
+            subject = request[1]
+            answer = [
+                self.store.evidence(subject, "submission"),
+                self.store.evidence(subject, "verdict"),
+            ]
+            return msgpack.packb(answer, use_bin_type=True)  # type: ignore[no-any-return]
         raise MalformedError(f"unknown ledger-sync operation {op!r}")
 
     async def sync_with(self, peer: str) -> int:

@@ -1,0 +1,376 @@
+"""Every ledger read of the web dashboard, in one place, on its own read-only SQLite connection.
+
+Decisions this module owns:
+- **One connection, read-only** (``mode=ro``), never the event loop's ``LedgerStore`` one
+  (architecture contract 4). Calls come from worker threads (``anyio.to_thread``), one at a time
+  under ``_lock``; the node's writer is never blocked (WAL).
+- **Bounded answers.** Every list is a page: ``limit`` is clamped to ``1..MAX_LIMIT``; lists in
+  ledger order page by ``rowid`` (newest first, the cursor is the last rowid returned, so a
+  page costs the same on a ledger of a million events); the contributors table, which sorts by
+  any column, pages by offset over a cached per-peer summary.
+- **Aggregates only when the ledger changed.** Per-peer counts and the reward per policy version
+  are ``GROUP BY`` scans; they are recomputed when ``change_key`` (the largest rowid of events
+  and of verdicts) moves, so ten watchers of a quiet ledger cost nothing.
+- **Meanings.** Accepted/rejected work: verdicts naming the peer as worker. Mean reward of a
+  version: ``sum(reward_sum) / sum(samples) / REWARD_SCALE`` over its accepted verdicts. Balance:
+  the materialised ``balances`` table, the run's initial balance for a peer without events.
+  Banned: balance below the run's ban threshold. A slash's reason: the reasons of the rejecting
+  verdict about its evidence (the submission id).
+- **Disputes** (issue 12) are listed from a ``disputes`` table when the ledger has one; until
+  then the list is empty and says ``supported: false``.
+
+This is the one module to adapt when the ledger's schema changes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from node.bundle import pack_bundle
+from swarm.errors import StorageError, SwarmError
+from swarm.messages import REWARD_SCALE, RolloutSubmission, Verdict, decode
+
+MAX_LIMIT = 200
+DEFAULT_LIMIT = 50
+SORT_KEYS = ("peer", "role", "accepted", "rejected", "balance", "banned", "last_seen_ms")
+
+T = TypeVar("T")
+
+
+def clamp_limit(limit: int | None) -> int:
+    return DEFAULT_LIMIT if limit is None else max(1, min(MAX_LIMIT, limit))
+
+
+def _rowid_cursor(cursor: str | None) -> int | None:
+    if cursor is None or cursor == "":
+        return None
+    if not cursor.isdigit():
+        raise ValueError(f"cursor {cursor[:40]!r} is not one this API gave out")
+    return int(cursor)
+
+
+@dataclass(frozen=True)
+class PeerStats:
+    accepted: int = 0
+    rejected: int = 0
+    rejected_hard: int = 0
+    judged: int = 0
+    """Verdicts this peer signed (validators)."""
+    last_seen_ms: int | None = None
+
+
+class LedgerQueries:
+    """Read-only queries on one run's ledger file."""
+
+    def __init__(self, path: Path, *, initial_balance: int, ban_threshold: int) -> None:
+        self.path = path
+        self.initial_balance = initial_balance
+        self.ban_threshold = ban_threshold
+        try:
+            self._db = sqlite3.connect(
+                f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False
+            )
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(f"ledger {path} cannot be opened for reading: {exc}") from exc
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[tuple[int, int], Any]] = {}
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        try:
+            return self._db.execute(sql, args).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(f"ledger {self.path}: read failed: {exc}") from exc
+
+    def _cached(self, name: str, compute: Callable[[], T]) -> T:
+        key = self._change_key()
+        hit = self._cache.get(name)
+        if hit is not None and hit[0] == key:
+            return hit[1]  # type: ignore[no-any-return]
+        value = compute()
+        self._cache[name] = (key, value)
+        return value
+
+    def _change_key(self) -> tuple[int, int]:
+        (events,) = self._rows("SELECT coalesce(max(rowid), 0) FROM events")[0]
+        (verdicts,) = self._rows("SELECT coalesce(max(rowid), 0) FROM verdicts")[0]
+        return int(events), int(verdicts)
+
+    # -- what the page and the API ask --------------------------------------------------------
+
+    def change_key(self) -> tuple[int, int]:
+        """Moves whenever an event or a verdict is stored (what the live stream watches)."""
+        with self._lock:
+            return self._change_key()
+
+    def totals(self) -> dict[str, int]:
+        with self._lock:
+            return self._cached("totals", self._totals)
+
+    def _totals(self) -> dict[str, int]:
+        (events,) = self._rows("SELECT count(*) FROM events")[0]
+        (verdicts,) = self._rows("SELECT count(*) FROM verdicts")[0]
+        (slashes,) = self._rows("SELECT count(*) FROM events WHERE event = 'slash'")[0]
+        return {"events": int(events), "verdicts": int(verdicts), "slashes": int(slashes)}
+
+    def balance_of(self, peer: str) -> int:
+        with self._lock:
+            rows = self._rows("SELECT balance FROM balances WHERE peer = ?", (peer,))
+        return int(rows[0][0]) if rows else self.initial_balance
+
+    def peer_stats(self) -> tuple[dict[str, PeerStats], dict[str, int]]:
+        """Per-peer verdict counts and last-seen times, and the stored balances (cached)."""
+        with self._lock:
+            return self._cached("peers", self._peer_stats)
+
+    def _peer_stats(self) -> tuple[dict[str, PeerStats], dict[str, int]]:
+        counts: dict[str, dict[str, int]] = {}
+        last: dict[str, int] = {}
+
+        def touch(peer: str, at: int, **add: int) -> None:
+            last[peer] = max(last.get(peer, at), at)
+            mine = counts.setdefault(peer, {})
+            for name, n in add.items():
+                mine[name] = mine.get(name, 0) + n
+
+        for worker, ok, bad, hard, at in self._rows(
+            "SELECT worker, sum(accepted), sum(1 - accepted),"
+            " sum(CASE WHEN accepted = 0 AND severity = 'hard' THEN 1 ELSE 0 END),"
+            " max(created_at) FROM verdicts GROUP BY worker"
+        ):
+            touch(
+                str(worker), int(at), accepted=int(ok), rejected=int(bad), rejected_hard=int(hard)
+            )
+        for validator, n, at in self._rows(
+            "SELECT validator, count(*), max(created_at) FROM verdicts GROUP BY validator"
+        ):
+            touch(str(validator), int(at), judged=int(n))
+        for peer, at in self._rows("SELECT peer, max(created_at) FROM events GROUP BY peer"):
+            touch(str(peer), int(at))
+        stats = {p: PeerStats(**c, last_seen_ms=last[p]) for p, c in counts.items()}
+        balances = {str(p): int(b) for p, b in self._rows("SELECT peer, balance FROM balances")}
+        return stats, balances
+
+    def contributors(
+        self,
+        *,
+        roles: Mapping[str, str],
+        live_seen_ms: Mapping[str, int],
+        limit: int | None = None,
+        cursor: str | None = None,
+        sort: str = "balance",
+        descending: bool = True,
+        search: str = "",
+    ) -> dict[str, Any]:
+        """One page of the contributors table: every peer the ledger names or ``roles`` knows.
+
+        ``roles`` maps peer -> role from the node's view (genesis, membership); ``live_seen_ms``
+        the time (ms) the node last saw a peer's advert. Sorted by ``sort`` (one of
+        ``SORT_KEYS``), filtered by a case-insensitive substring of the peer ID.
+        """
+        if sort not in SORT_KEYS:
+            raise ValueError(f"sort must be one of {', '.join(SORT_KEYS)}, not {sort[:40]!r}")
+        offset = _rowid_cursor(cursor) or 0
+        size = clamp_limit(limit)
+        stats, balances = self.peer_stats()
+        needle = search.strip().lower()
+        rows = []
+        for peer in set(stats) | set(balances) | set(roles):
+            if needle and needle not in peer.lower():
+                continue
+            s = stats.get(peer, PeerStats())
+            balance = balances.get(peer, self.initial_balance)
+            seen = [t for t in (s.last_seen_ms, live_seen_ms.get(peer)) if t is not None]
+            role = roles.get(peer) or ("inference" if s.accepted or s.rejected else "unknown")
+            rows.append(
+                {
+                    "peer": peer,
+                    "role": role,
+                    "accepted": s.accepted,
+                    "rejected": s.rejected,
+                    "rejected_hard": s.rejected_hard,
+                    "judged": s.judged,
+                    "balance": balance,
+                    "banned": balance < self.ban_threshold,
+                    "last_seen_ms": max(seen) if seen else None,
+                }
+            )
+
+        def key(row: dict[str, Any]) -> tuple[bool, Any, str]:
+            value = row[sort]
+            return (value is None, value if value is not None else 0, row["peer"])
+
+        rows.sort(key=key, reverse=descending)
+        if descending:  # keep "no value" last either way
+            rows.sort(key=lambda r: r[sort] is None)
+        page = rows[offset : offset + size]
+        more = offset + size < len(rows)
+        return {
+            "items": page,
+            "total": len(rows),
+            "next_cursor": str(offset + size) if more else None,
+        }
+
+    def rewards_by_version(self) -> list[dict[str, Any]]:
+        """Per policy version: accepted/rejected verdicts, accepted samples, mean reward."""
+        with self._lock:
+            return self._cached("rewards", self._rewards)
+
+    def _rewards(self) -> list[dict[str, Any]]:
+        out = []
+        for version, ok, bad, samples, reward, first in self._rows(
+            "SELECT policy_version, sum(accepted), sum(1 - accepted),"
+            " sum(CASE WHEN accepted = 1 THEN samples ELSE 0 END),"
+            " sum(CASE WHEN accepted = 1 THEN reward_sum ELSE 0 END), min(created_at)"
+            " FROM verdicts WHERE policy_version >= 0"
+            " GROUP BY policy_version ORDER BY policy_version"
+        ):
+            samples = int(samples)
+            out.append(
+                {
+                    "version": int(version),
+                    "accepted": int(ok),
+                    "rejected": int(bad),
+                    "samples": samples,
+                    "mean_reward": int(reward) / samples / REWARD_SCALE if samples else None,
+                    "first_verdict_ms": int(first),
+                }
+            )
+        return out
+
+    def ledger_page(
+        self,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        peer: str | None = None,
+        event: str | None = None,
+    ) -> dict[str, Any]:
+        """Ledger events, newest first, optionally of one peer and one event type."""
+        size = clamp_limit(limit)
+        where: list[str] = ["1"]
+        args: list[Any] = []
+        before = _rowid_cursor(cursor)
+        if before is not None:
+            where.append("rowid < ?")
+            args.append(before)
+        if peer:
+            where.append("peer = ?")
+            args.append(peer)
+        if event:
+            where.append("event = ?")
+            args.append(event)
+        with self._lock:
+            rows = self._rows(
+                "SELECT rowid, id, event, peer, amount, evidence, signer, created_at FROM events"
+                f" WHERE {' AND '.join(where)} ORDER BY rowid DESC LIMIT ?",
+                [*args, size],
+            )
+        items = [
+            {
+                "id": bytes(i).hex(),
+                "event": str(e),
+                "peer": str(p),
+                "amount": int(a),
+                "evidence": bytes(ev).hex(),
+                "signer": str(s),
+                "created_at_ms": int(t),
+            }
+            for _, i, e, p, a, ev, s, t in rows
+        ]
+        more = len(rows) == size
+        return {"items": items, "next_cursor": str(rows[-1][0]) if more and rows else None}
+
+    def slashes(self, *, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
+        """Slash events, newest first, each with the rejecting verdict's reasons and whether
+        this ledger holds the evidence that makes an audit bundle."""
+        page = self.ledger_page(limit=limit, cursor=cursor, event="slash")
+        with self._lock:
+            for item in page["items"]:
+                item |= self._slash_details(item["peer"], bytes.fromhex(item["evidence"]))
+        return page
+
+    def _slash_details(self, worker: str, subject: bytes) -> dict[str, Any]:
+        rows = self._rows(
+            "SELECT raw, validator FROM verdicts WHERE worker = ? AND submission = ?"
+            " AND accepted = 0 LIMIT 1",
+            (worker, subject),
+        )
+        reasons: list[str] = []
+        severity = None
+        version = None
+        if rows:
+            try:
+                verdict = decode(bytes(rows[0][0]), Verdict).message
+                reasons, severity, version = (
+                    list(verdict.reasons),
+                    verdict.severity,
+                    verdict.policy_version,
+                )
+            except SwarmError as exc:  # stored by our own node after a check: should not happen
+                reasons = [f"stored verdict unreadable: {exc}"]
+        held = self._rows(
+            "SELECT 1 FROM evidence WHERE subject = ? AND kind = 'submission' LIMIT 1", (subject,)
+        )
+        return {
+            "reasons": reasons,
+            "severity": severity,
+            "policy_version": version,
+            "evidence_held": bool(held),
+        }
+
+    def disputes(self, *, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
+        """Disputes (issue 12 adds them to the ledger); empty until the ledger has the table."""
+        clamp_limit(limit)
+        _rowid_cursor(cursor)
+        with self._lock:
+            has = self._rows(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'disputes'"
+            )
+        return {"items": [], "next_cursor": None, "supported": bool(has)}
+
+    def bundle(self, subject: bytes) -> bytes | None:
+        """The proof bundle of one judged submission from the evidence this ledger holds."""
+        with self._lock:
+            genesis = self._rows("SELECT value FROM meta WHERE key = 'genesis'")
+            evidence = self._rows(
+                "SELECT kind, raw FROM evidence WHERE subject = ? ORDER BY id", (subject,)
+            )
+        if not genesis:
+            return None
+        return bundle_from_evidence(
+            bytes(genesis[0][0]),
+            subject,
+            [bytes(r) for k, r in evidence if k == "submission"],
+            [bytes(r) for k, r in evidence if k == "verdict"],
+        )
+
+
+def bundle_from_evidence(
+    genesis: bytes, subject: bytes, submissions: Sequence[bytes], verdicts: Sequence[bytes]
+) -> bytes | None:
+    """Check and pack evidence envelopes about ``subject`` (local or fetched from a peer):
+    the submission whose id is ``subject`` and a verdict about it; None when either is
+    missing. Signatures are checked by ``decode`` (``SwarmError`` on a bad one)."""
+    subs = [decode(raw, RolloutSubmission) for raw in submissions]
+    main = next((s for s in subs if s.id == subject), None)
+    verdict = next(
+        (
+            v
+            for v in (decode(raw, Verdict) for raw in verdicts)
+            if v.message.submission_id == subject
+        ),
+        None,
+    )
+    if main is None or verdict is None:
+        return None
+    related = [s.raw for s in subs if s.id != subject]
+    return pack_bundle(genesis, main.raw, verdict.raw, related)
