@@ -22,7 +22,7 @@ from swarm.identity import NodeKey
 from swarm.messages import PolicyAnnouncement, sign
 from tests import ledger_factory as lf
 
-EVIL = '<img src=x onerror="alert(1)">'
+EVIL = '<img src=x onerror="window.__pwned=1">'
 HONEST = [NodeKey.from_seed(bytes([40 + i]) * 32) for i in range(3)]
 CHEATER = NodeKey.from_seed(b"\x66" * 32)
 

@@ -15,7 +15,10 @@ function el(tag, text, attrs) {
 
 function row(cells, attrs) {
   const tr = el("tr", null, attrs);
-  for (const cell of cells) tr.append(cell instanceof Node ? wrap(cell) : el("td", cell));
+  for (const cell of cells) {
+    if (cell instanceof HTMLTableCellElement) tr.append(cell);
+    else tr.append(cell instanceof Node ? wrap(cell) : el("td", cell));
+  }
   return tr;
 }
 
@@ -135,6 +138,13 @@ function drawChart(items) {
     points: pts.filter((p) => p[key] !== null).map((p) => `${x(p.version)},${y(p[key])}`).join(" "),
   });
   chart.append(line("mean_reward", "raw"), line("smoothed", "smooth"));
+  for (const p of pts) {
+    const dot = svg("circle", { cx: x(p.version), cy: y(p.mean_reward), r: 3, class: "dot" });
+    const tip = svg("title");
+    tip.textContent = `v${p.version}: ${p.mean_reward.toFixed(3)} (${p.samples} samples)`;
+    dot.append(tip);
+    chart.append(dot);
+  }
   box.replaceChildren(chart);
 }
 
@@ -179,7 +189,7 @@ async function loadSlashes() {
     return row([
       when(s.created_at_ms), peerCell(s.peer), s.amount,
       s.policy_version === null ? "–" : "v" + s.policy_version,
-      (s.reasons || []).join("; ") || "(verdict not seen here)", link,
+      el("span", (s.reasons || []).join("; ") || "(verdict not seen here)", { class: "reason" }), link,
     ], { "data-peer": s.peer });
   }));
   const disputes = await get("/disputes?limit=50");
