@@ -99,12 +99,18 @@ def _text(driver: Any, css: str) -> str:
     return str(driver.find_element(By.CSS_SELECTOR, css).text)
 
 
-def _row(driver: Any, table: str, peer: str) -> list[str] | None:
-    from selenium.webdriver.common.by import By
+ROWS = """return Array.from(document.querySelectorAll('#' + arguments[0] + ' tbody tr'))
+    .map((r) => [r.dataset.peer || null, Array.from(r.children).map((c) => c.innerText)]);"""
+CLICK = """for (const r of document.querySelectorAll('#slashes-table tbody tr')) {
+    if (r.dataset.peer === arguments[0]) { r.querySelector('a.bundle').click(); return true; }
+} return false;"""
 
-    for row in driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr"):
-        if row.get_attribute("data-peer") == peer:
-            return [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+
+def _row(driver: Any, table: str, peer: str) -> list[str] | None:
+    """The cells of ``peer``'s row as shown (read in one script: the page redraws live)."""
+    for who, cells in driver.execute_script(ROWS, table):
+        if who == peer:
+            return [str(c).strip() for c in cells]
     return None
 
 
@@ -213,13 +219,7 @@ async def test_a_browser_sees_the_swarm_train_and_the_cheater_banned(tmp_path: P
         slash = await screen_until(driver, lambda d: _row(d, "slashes-table", cheater.peer_id), 60)
         assert slash[-1] == "audit bundle"
 
-        def click_bundle(d: Any) -> None:
-            from selenium.webdriver.common.by import By
-
-            sel = f'#slashes-table tbody tr[data-peer="{cheater.peer_id}"] a.bundle'
-            d.find_element(By.CSS_SELECTOR, sel).click()
-
-        await in_browser(lambda: click_bundle(driver))
+        assert await in_browser(lambda: driver.execute_script(CLICK, cheater.peer_id))
         bundle = await wait_until(
             lambda: next((p for p in downloads.glob("bundle-*.msgpack")), None), 60, poll=0.2
         )
