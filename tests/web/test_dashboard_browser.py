@@ -21,13 +21,14 @@ from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
 from bootstrap.service import BootstrapConfig, BootstrapPeer
 from node.web.queries import LedgerQueries
 from node.web.serve import serve_dashboard
-from node.web.views import HolderWatch, PolicyLog, RunView, bootstrap_view
+from node.web.views import HolderWatch, PolicyLog, RunView, bootstrap_view, node_view
 from tests.netfactory import FAST_DIAL, LOOPBACK, key_named, wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -187,7 +188,7 @@ async def test_a_browser_sees_the_swarm_train_and_the_cheater_banned(tmp_path: P
             )
 
         trainer = await start(trainer_key, "trainer", max_versions=4)
-        await start(validator_key, "validator")
+        validator = await start(validator_key, "validator")
         for k in workers:
             await start(k, "inference")
         await start(cheater, "inference", tamper=edit_token)
@@ -223,6 +224,17 @@ async def test_a_browser_sees_the_swarm_train_and_the_cheater_banned(tmp_path: P
         bundle = await wait_until(
             lambda: next((p for p in downloads.glob("bundle-*.msgpack")), None), 60, poll=0.2
         )
+        # A role node serves its own view too (`join --http`): the validator's, from its ledger.
+        mine = node_view(validator.node, validator.ledger.path, validator.feed)
+        vurl = await nursery.start(serve_dashboard, mine, "127.0.0.1", 0)
+        async with httpx.AsyncClient(timeout=10) as http:
+            people = (await http.get(vurl + "api/v1/contributors?limit=200")).json()["items"]
+            row = next(r for r in people if r["peer"] == cheater.peer_id)
+            assert row["banned"] and row["rejected_hard"] >= 1
+            slashes = (await http.get(vurl + "api/v1/slashes")).json()["items"]
+            assert slashes[0]["evidence_held"] is True
+            own = await http.get(vurl + slashes[0]["bundle_url"].lstrip("/"))
+            assert own.status_code == 200 and own.content.startswith(b"\x85")
         shot = tmp_path / "dashboard.png"
         await in_browser(lambda: driver.save_screenshot(str(shot)))
         print(f"dashboard screenshot: {shot}")
