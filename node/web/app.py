@@ -292,6 +292,8 @@ def create_app(view: RunView, *, tick_s: float = 1.0) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with anyio.create_task_group() as tg:
+            if view.queries is not None:  # fold the ledger once now, not in the first request
+                tg.start_soon(in_thread, view.queries.totals)
             tg.start_soon(pulse.run)
             yield
             tg.cancel_scope.cancel()

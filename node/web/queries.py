@@ -8,9 +8,11 @@ Decisions this module owns:
   ledger order page by ``rowid`` (newest first, the cursor is the last rowid returned, so a
   page costs the same on a ledger of a million events); the contributors table, which sorts by
   any column, pages by offset over a cached per-peer summary.
-- **Aggregates only when the ledger changed.** Per-peer counts and the reward per policy version
-  are ``GROUP BY`` scans; they are recomputed when ``change_key`` (the largest rowid of events
-  and of verdicts) moves, so ten watchers of a quiet ledger cost nothing.
+- **Aggregates are folded in, not recomputed.** Per-peer counts, last-seen times and the reward
+  per policy version are sums over the ``events`` and ``verdicts`` tables, which only grow; a
+  ``_Tally`` remembers the largest rowid it read and each request folds in the newer rows alone
+  (the first request after start reads everything once). A page costs the same on a ledger of a
+  hundred events or a million; only the contributors table's sort is O(peers).
 - **Meanings.** Accepted/rejected work: verdicts naming the peer as worker. Mean reward of a
   version: ``sum(reward_sum) / sum(samples) / REWARD_SCALE`` over its accepted verdicts. Balance:
   the materialised ``balances`` table, the run's initial balance for a peer without events.
@@ -26,10 +28,10 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from node.bundle import pack_bundle
 from swarm.errors import StorageError, SwarmError
@@ -38,8 +40,6 @@ from swarm.messages import REWARD_SCALE, RolloutSubmission, Verdict, decode
 MAX_LIMIT = 200
 DEFAULT_LIMIT = 50
 SORT_KEYS = ("peer", "role", "accepted", "rejected", "balance", "banned", "last_seen_ms")
-
-T = TypeVar("T")
 
 
 def clamp_limit(limit: int | None) -> int:
@@ -54,7 +54,7 @@ def _rowid_cursor(cursor: str | None) -> int | None:
     return int(cursor)
 
 
-@dataclass(frozen=True)
+@dataclass
 class PeerStats:
     accepted: int = 0
     rejected: int = 0
@@ -62,6 +62,33 @@ class PeerStats:
     judged: int = 0
     """Verdicts this peer signed (validators)."""
     last_seen_ms: int | None = None
+
+    def seen(self, at: int) -> None:
+        self.last_seen_ms = at if self.last_seen_ms is None else max(self.last_seen_ms, at)
+
+
+@dataclass
+class _VersionTally:
+    accepted: int = 0
+    rejected: int = 0
+    samples: int = 0
+    reward_sum: int = 0
+    first_verdict_ms: int | None = None
+
+
+@dataclass
+class _Tally:
+    """Per-peer and per-version sums, folded in from the rows past ``events``/``verdicts``
+    (the largest rowid read): the tables only grow, so each refresh reads new rows alone."""
+
+    events: int = 0
+    verdicts: int = 0
+    slashes: int = 0
+    peers: dict[str, PeerStats] = field(default_factory=dict)
+    versions: dict[int, _VersionTally] = field(default_factory=dict)
+
+    def peer(self, peer: str) -> PeerStats:
+        return self.peers.setdefault(peer, PeerStats())
 
 
 class LedgerQueries:
@@ -78,7 +105,9 @@ class LedgerQueries:
         except sqlite3.DatabaseError as exc:
             raise StorageError(f"ledger {path} cannot be opened for reading: {exc}") from exc
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[tuple[int, int], Any]] = {}
+        self._tally = _Tally()
+        self._event_rowid = 0
+        self._verdict_rowid = 0
 
     def close(self) -> None:
         with self._lock:
@@ -90,19 +119,49 @@ class LedgerQueries:
         except sqlite3.DatabaseError as exc:
             raise StorageError(f"ledger {self.path}: read failed: {exc}") from exc
 
-    def _cached(self, name: str, compute: Callable[[], T]) -> T:
-        key = self._change_key()
-        hit = self._cache.get(name)
-        if hit is not None and hit[0] == key:
-            return hit[1]  # type: ignore[no-any-return]
-        value = compute()
-        self._cache[name] = (key, value)
-        return value
-
     def _change_key(self) -> tuple[int, int]:
         (events,) = self._rows("SELECT coalesce(max(rowid), 0) FROM events")[0]
         (verdicts,) = self._rows("SELECT coalesce(max(rowid), 0) FROM verdicts")[0]
         return int(events), int(verdicts)
+
+    def _refresh(self) -> _Tally:
+        """Fold the rows stored since the last call into the tally (caller holds the lock)."""
+        t = self._tally
+        for rowid, peer, event, at in self._rows(
+            "SELECT rowid, peer, event, created_at FROM events WHERE rowid > ? ORDER BY rowid",
+            (self._event_rowid,),
+        ):
+            self._event_rowid = int(rowid)
+            t.events += 1
+            t.slashes += event == "slash"
+            t.peer(str(peer)).seen(int(at))
+        for rowid, worker, validator, ok, severity, samples, reward, version, at in self._rows(
+            "SELECT rowid, worker, validator, accepted, severity, samples, reward_sum,"
+            " policy_version, created_at FROM verdicts WHERE rowid > ? ORDER BY rowid",
+            (self._verdict_rowid,),
+        ):
+            self._verdict_rowid = int(rowid)
+            t.verdicts += 1
+            w = t.peer(str(worker))
+            w.seen(int(at))
+            t.peer(str(validator)).judged += 1
+            t.peer(str(validator)).seen(int(at))
+            if version >= 0:
+                v = t.versions.setdefault(int(version), _VersionTally())
+                if v.first_verdict_ms is None or at < v.first_verdict_ms:
+                    v.first_verdict_ms = int(at)
+            if ok:
+                w.accepted += 1
+                if version >= 0:
+                    v.accepted += 1
+                    v.samples += int(samples)
+                    v.reward_sum += int(reward)
+            else:
+                w.rejected += 1
+                w.rejected_hard += severity == "hard"
+                if version >= 0:
+                    v.rejected += 1
+        return t
 
     # -- what the page and the API ask --------------------------------------------------------
 
@@ -113,13 +172,8 @@ class LedgerQueries:
 
     def totals(self) -> dict[str, int]:
         with self._lock:
-            return self._cached("totals", self._totals)
-
-    def _totals(self) -> dict[str, int]:
-        (events,) = self._rows("SELECT count(*) FROM events")[0]
-        (verdicts,) = self._rows("SELECT count(*) FROM verdicts")[0]
-        (slashes,) = self._rows("SELECT count(*) FROM events WHERE event = 'slash'")[0]
-        return {"events": int(events), "verdicts": int(verdicts), "slashes": int(slashes)}
+            t = self._refresh()
+            return {"events": t.events, "verdicts": t.verdicts, "slashes": t.slashes}
 
     def balance_of(self, peer: str) -> int:
         with self._lock:
@@ -127,36 +181,11 @@ class LedgerQueries:
         return int(rows[0][0]) if rows else self.initial_balance
 
     def peer_stats(self) -> tuple[dict[str, PeerStats], dict[str, int]]:
-        """Per-peer verdict counts and last-seen times, and the stored balances (cached)."""
+        """Per-peer verdict counts and last-seen times, and the stored balances."""
         with self._lock:
-            return self._cached("peers", self._peer_stats)
-
-    def _peer_stats(self) -> tuple[dict[str, PeerStats], dict[str, int]]:
-        counts: dict[str, dict[str, int]] = {}
-        last: dict[str, int] = {}
-
-        def touch(peer: str, at: int, **add: int) -> None:
-            last[peer] = max(last.get(peer, at), at)
-            mine = counts.setdefault(peer, {})
-            for name, n in add.items():
-                mine[name] = mine.get(name, 0) + n
-
-        for worker, ok, bad, hard, at in self._rows(
-            "SELECT worker, sum(accepted), sum(1 - accepted),"
-            " sum(CASE WHEN accepted = 0 AND severity = 'hard' THEN 1 ELSE 0 END),"
-            " max(created_at) FROM verdicts GROUP BY worker"
-        ):
-            touch(
-                str(worker), int(at), accepted=int(ok), rejected=int(bad), rejected_hard=int(hard)
-            )
-        for validator, n, at in self._rows(
-            "SELECT validator, count(*), max(created_at) FROM verdicts GROUP BY validator"
-        ):
-            touch(str(validator), int(at), judged=int(n))
-        for peer, at in self._rows("SELECT peer, max(created_at) FROM events GROUP BY peer"):
-            touch(str(peer), int(at))
-        stats = {p: PeerStats(**c, last_seen_ms=last[p]) for p, c in counts.items()}
-        balances = {str(p): int(b) for p, b in self._rows("SELECT peer, balance FROM balances")}
+            t = self._refresh()
+            stats = {p: replace(s) for p, s in t.peers.items()}
+            balances = {str(p): int(b) for p, b in self._rows("SELECT peer, balance FROM balances")}
         return stats, balances
 
     def contributors(
@@ -222,29 +251,18 @@ class LedgerQueries:
     def rewards_by_version(self) -> list[dict[str, Any]]:
         """Per policy version: accepted/rejected verdicts, accepted samples, mean reward."""
         with self._lock:
-            return self._cached("rewards", self._rewards)
-
-    def _rewards(self) -> list[dict[str, Any]]:
-        out = []
-        for version, ok, bad, samples, reward, first in self._rows(
-            "SELECT policy_version, sum(accepted), sum(1 - accepted),"
-            " sum(CASE WHEN accepted = 1 THEN samples ELSE 0 END),"
-            " sum(CASE WHEN accepted = 1 THEN reward_sum ELSE 0 END), min(created_at)"
-            " FROM verdicts WHERE policy_version >= 0"
-            " GROUP BY policy_version ORDER BY policy_version"
-        ):
-            samples = int(samples)
-            out.append(
+            versions = sorted(self._refresh().versions.items())
+            return [
                 {
-                    "version": int(version),
-                    "accepted": int(ok),
-                    "rejected": int(bad),
-                    "samples": samples,
-                    "mean_reward": int(reward) / samples / REWARD_SCALE if samples else None,
-                    "first_verdict_ms": int(first),
+                    "version": version,
+                    "accepted": v.accepted,
+                    "rejected": v.rejected,
+                    "samples": v.samples,
+                    "mean_reward": v.reward_sum / v.samples / REWARD_SCALE if v.samples else None,
+                    "first_verdict_ms": v.first_verdict_ms,
                 }
-            )
-        return out
+                for version, v in versions
+            ]
 
     def ledger_page(
         self,
