@@ -41,7 +41,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests import ledger_factory as lf  # noqa: E402
+from tests import ledger_factory as lf
 
 WORKERS = 1000
 VERSIONS = 100
@@ -193,16 +193,21 @@ def main() -> None:
 
 def measure(base: str, ledger: Path, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     from swarm.ledger import LedgerStore
-    from swarm.messages import LedgerEvent, sign
+    from swarm.messages import Verdict, sign
 
     store = LedgerStore(ledger, lf.genesis())
     extra = [0]
 
     def touch() -> None:
-        """A new event: the next contributors page recomputes its per-peer aggregate."""
+        """A new verdict, as a validator stores one per judged submission. (Not a ledger event:
+        ``LedgerStore.add`` re-folds every event today, which would time the writer, not the
+        dashboard.)"""
         extra[0] += 1
-        e = LedgerEvent(store.run_id, "grant", "bench-peer", 1, b"%d" % extra[0], extra[0])
-        store.add([sign(e, lf.OWNER)])
+        n = args.events + extra[0]
+        verdict = Verdict(
+            store.run_id, b"%032d" % n, "bench-peer", True, "none", (), (500_000,), n, {}, 99, n
+        )
+        store.add_verdict(sign(verdict, lf.VALIDATOR))
 
     api = base + "api/v1/"
     out: dict[str, Any] = {}
