@@ -54,13 +54,16 @@ class RoleHandle:
     trainer: Trainer | None = None
 
     def status(self) -> dict[str, Any]:
-        balances = self.ledger.balances()
+        # The materialised balances, not a fold: status is read every second by the dashboard,
+        # and a fold decodes every event of the ledger.
+        params = self.node.config.genesis.message.params
+        stored = self.ledger.stored_balances()
         out: dict[str, Any] = {
             "shardcast": self.feed.status(),
             "ledger": {
                 "events": len(self.ledger),
-                "balance": balances.of(self.node.peer_id),
-                "banned": sorted(p for p in balances.by_peer if balances.banned(p)),
+                "balance": stored.get(self.node.peer_id, params.initial_balance),
+                "banned": sorted(p for p, b in stored.items() if b < params.ban_threshold),
             },
         }
         if self.worker is not None:

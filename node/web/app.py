@@ -123,11 +123,9 @@ def create_app(view: RunView, *, tick_s: float = 1.0) -> Starlette:
 
     async def digest() -> dict[str, Any]:
         key = await in_thread(view.queries.change_key) if view.queries else (0, 0)
-        status = view.status()
         return {
             "policy_version": view.policy.newest(),
             "ledger_key": list(key),
-            "connected_peers": status.get("connected_peers"),
             "holders": sum(len(h) for h in view.holders.holders.values()),
         }
 

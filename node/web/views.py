@@ -41,6 +41,7 @@ MAX_VERSIONS_KEPT = 100_000
 HOLDER_VERSIONS = 8
 EVIDENCE_LIMITS = StreamLimits(max_request=256, max_response=8 * 1024 * 1024, timeout=10.0)
 HIDDEN = "[hidden]"
+STATUS_EVERY_S = 0.5
 
 
 def public_status(status: Any, private: Iterable[str]) -> Any:
@@ -162,8 +163,17 @@ class RunView:
     def params(self) -> Any:
         return self.genesis.message.params
 
+    _status_cache: tuple[float, Any] = field(default=(-1.0, None), init=False, repr=False)
+
     def public_status(self) -> Any:
-        return public_status(self.status(), self.private)
+        """The node's status without private strings; read at most once per
+        ``STATUS_EVERY_S`` however many pages ask."""
+        at, cached = self._status_cache
+        now = time.monotonic()
+        if cached is None or now - at >= STATUS_EVERY_S:
+            cached = public_status(self.status(), self.private)
+            self._status_cache = (now, cached)
+        return cached
 
     async def bundle(self, worker: str, subject: bytes) -> bytes | None:
         """The audit bundle of ``subject``: from the local evidence, else from the validators

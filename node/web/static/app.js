@@ -271,3 +271,5 @@ function controls() {
 controls();
 refresh();
 live();
+// The node's own figures (uptime, peers) change without a ledger change: re-read them slowly.
+setInterval(() => { loadStatus().catch(() => {}); loadShardcast().catch(() => {}); }, 5000);
