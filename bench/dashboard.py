@@ -129,14 +129,17 @@ PAGE += ["slashes?limit=50", "disputes?limit=50", "shardcast"]
 
 def watcher(base: str, stop: threading.Event, counts: list[int]) -> None:
     """What one open page does: follow the stream, re-read every section on each update."""
-    with httpx.Client(timeout=30) as client, client.stream("GET", base + "api/v1/stream") as s:
-        for line in s.iter_lines():
-            if stop.is_set():
-                return
-            if line.startswith("data:"):
-                for path in PAGE:
-                    client.get(base + "api/v1/" + path)
-                counts.append(1)
+    try:
+        with httpx.Client(timeout=30) as client, client.stream("GET", base + "api/v1/stream") as s:
+            for line in s.iter_lines():
+                if stop.is_set():
+                    return
+                if line.startswith("data:"):
+                    for path in PAGE:
+                        client.get(base + "api/v1/" + path)
+                    counts.append(1)
+    except httpx.HTTPError:
+        return  # the server stopped at the end of the run
 
 
 def main() -> None:
@@ -245,6 +248,9 @@ def measure(base: str, ledger: Path, pid: int, args: argparse.Namespace) -> dict
         used = cpu_seconds(pid) - before
         elapsed = time.monotonic() - start
         stop.set()
+        touch()  # wake every watcher so it sees stop
+        for t in threads:
+            t.join(timeout=30)
         return 100 * used / elapsed, len(counts)
 
     idle, _ = cpu_percent(0)

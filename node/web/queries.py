@@ -33,11 +33,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 from node.bundle import pack_bundle
-from swarm.errors import StorageError, SwarmError
+from swarm.errors import StorageError
 from swarm.messages import REWARD_SCALE, RolloutSubmission, Verdict, decode
 
 MAX_LIMIT = 200
+MAX_REASONS = 16
 DEFAULT_LIMIT = 50
 SORT_KEYS = ("peer", "role", "accepted", "rejected", "balance", "banned", "last_seen_ms")
 
@@ -318,30 +321,17 @@ class LedgerQueries:
 
     def _slash_details(self, worker: str, subject: bytes) -> dict[str, Any]:
         rows = self._rows(
-            "SELECT raw, validator FROM verdicts WHERE worker = ? AND submission = ?"
-            " AND accepted = 0 LIMIT 1",
+            "SELECT raw, severity, policy_version FROM verdicts"
+            " WHERE worker = ? AND submission = ? AND accepted = 0 LIMIT 1",
             (worker, subject),
         )
-        reasons: list[str] = []
-        severity = None
-        version = None
-        if rows:
-            try:
-                verdict = decode(bytes(rows[0][0]), Verdict).message
-                reasons, severity, version = (
-                    list(verdict.reasons),
-                    verdict.severity,
-                    verdict.policy_version,
-                )
-            except SwarmError as exc:  # stored by our own node after a check: should not happen
-                reasons = [f"stored verdict unreadable: {exc}"]
         held = self._rows(
             "SELECT 1 FROM evidence WHERE subject = ? AND kind = 'submission' LIMIT 1", (subject,)
         )
         return {
-            "reasons": reasons,
-            "severity": severity,
-            "policy_version": version,
+            "reasons": _stored_reasons(bytes(rows[0][0])) if rows else [],
+            "severity": str(rows[0][1]) if rows else None,
+            "policy_version": int(rows[0][2]) if rows else None,
             "evidence_held": bool(held),
         }
 
@@ -370,6 +360,17 @@ class LedgerQueries:
             [bytes(r) for k, r in evidence if k == "submission"],
             [bytes(r) for k, r in evidence if k == "verdict"],
         )
+
+
+def _stored_reasons(raw: bytes) -> list[str]:
+    """A stored verdict's reasons. Its signature was checked when it was stored (verify once, on
+    insert), so only its payload is read here: a page of slashes costs no signature checks."""
+    try:
+        envelope = msgpack.unpackb(raw, raw=False)
+        fields = msgpack.unpackb(envelope[2], raw=False)
+        return [str(r) for r in fields.get("reasons", [])][:MAX_REASONS]
+    except (ValueError, TypeError, IndexError, AttributeError, msgpack.UnpackException) as exc:
+        return [f"stored verdict unreadable: {exc}"]
 
 
 def bundle_from_evidence(
