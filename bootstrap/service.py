@@ -6,6 +6,10 @@ run its peers subscribe to, so that the mesh of a small run does not depend on i
 finding each other first. For a run whose genesis it was given (``--run``) it validates gossip
 exactly as a member does; for any other run it forwards only what is well-formed: within the
 size limit, a valid signed envelope of the right kind, of the topic's run, not seen before.
+
+With ``ledger_dir`` (what ``--http`` sets) it also keeps a replica of the ledger of every run
+whose genesis it holds: the verdicts and events its gate let through, stored as any member
+stores them (``LedgerStore``), so its dashboard can show contributors, balances and slashes.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from swarm.errors import SwarmError
 from swarm.identity import NodeKey
+from swarm.ledger import LedgerStore
 from swarm.messages import (
     LedgerEvent,
     PolicyAnnouncement,
@@ -60,6 +66,8 @@ class BootstrapConfig:
     genesis: Sequence[Signed[RunGenesis]] = ()
     heartbeat: float = 1.0
     dial: DialPolicy = field(default_factory=DialPolicy)
+    ledger_dir: Path | None = None
+    """Keep a ledger replica of each run of ``genesis`` at ``ledger_dir/<run_id>/ledger.db``."""
 
 
 class WellFormedGate:
@@ -111,6 +119,7 @@ class BootstrapPeer:
         self.trackers: dict[str, PolicyTracker] = {}
         self._known: dict[str, Signed[RunGenesis]] = {run_id_of(g): g for g in config.genesis}
         self._routed: set[str] = set()
+        self.ledgers: dict[str, LedgerStore] = {}
 
     @classmethod
     @asynccontextmanager
@@ -125,10 +134,17 @@ class BootstrapPeer:
                 await overlay.dial(config.peers, config.dial)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(peer._follow_topics, config.heartbeat)
+                if config.ledger_dir is not None:
+                    for run_id, genesis in peer._known.items():
+                        store = LedgerStore(config.ledger_dir / run_id / "ledger.db", genesis)
+                        peer.ledgers[run_id] = store
+                        nursery.start_soon(peer._keep_ledger, store)
                 try:
                     yield peer
                 finally:
                     nursery.cancel_scope.cancel()
+                    for store in peer.ledgers.values():
+                        store.close()
 
     def addrs(self) -> list[str]:
         return self.overlay.addrs()
@@ -159,6 +175,20 @@ class BootstrapPeer:
             self.overlay.set_gate(topic, gate)
             await self.overlay.subscribe(topic)
         log.info("routing gossip of run %s%s", run_id, "" if genesis else " (well-formed only)")
+
+    async def _keep_ledger(self, store: LedgerStore) -> None:
+        """Store every verdict and event of the run that the gate accepted (a replica)."""
+        sub = await self.overlay.subscribe(ledger_topic(store.run_id))
+        while True:
+            msg = await sub.get()
+            try:
+                signed = decode_any(bytes(msg.data))
+                if isinstance(signed.message, LedgerEvent):
+                    store.add([signed])
+                elif isinstance(signed.message, Verdict):
+                    store.add_verdict(signed)
+            except SwarmError as exc:
+                log.warning("ledger replica of run %s refused a message: %s", store.run_id, exc)
 
     async def _follow_topics(self, every: float) -> None:
         """Join the topics of every run our peers subscribe to (bounded by MAX_RUNS)."""

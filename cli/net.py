@@ -33,6 +33,13 @@ ListenOption = Annotated[
     list[str] | None,
     typer.Option("--listen", help="Multiaddr to listen on (repeat). Default: the home's config."),
 ]
+HttpOption = Annotated[
+    str | None,
+    typer.Option(
+        "--http",
+        help="Serve the read-only web dashboard on [ADDR:]PORT (127.0.0.1 unless ADDR is given).",
+    ),
+]
 BootstrapOption = Annotated[
     list[str] | None,
     typer.Option("--bootstrap", help="Bootstrap peer multiaddr with /p2p/<id> (repeat)."),
@@ -114,18 +121,33 @@ def bootstrap(
         list[Path] | None,
         typer.Option("--run", help="Genesis of a run to validate fully (repeat; optional)."),
     ] = None,
+    http: HttpOption = None,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
     home: HomeOption = None,
 ) -> None:
-    """Run a long-lived bootstrap peer (DHT server, gossip router for any run)."""
+    """Run a long-lived bootstrap peer (DHT server, gossip router for any run). With --run and
+    --http it keeps a replica of that run's ledger from gossip and serves the dashboard of the
+    first run given."""
     node_home = open_home(home)
     settings = node_home.load_config()
     addrs = _listen(settings.listen, listen)
     peers = [a for a in (peer or []) if parse_peer_addr(a)]
     genesis = tuple(load_genesis(p) for p in run or [])
+    if http is not None:
+        from node.web.serve import parse_http
+
+        parse_http(http)
+        if not genesis:
+            raise ConfigError("--http on a bootstrap peer needs --run GENESIS: the run to show")
     key = node_home.load_key()
     _logging(verbose)
-    config = BootstrapConfig(key=key, listen=addrs, peers=peers, genesis=genesis)
+    config = BootstrapConfig(
+        key=key,
+        listen=addrs,
+        peers=peers,
+        genesis=genesis,
+        ledger_dir=node_home.path / "runs" if http is not None else None,
+    )
 
     async def main() -> None:
         with node_home.lock():
@@ -139,6 +161,13 @@ def bootstrap(
                 )
                 for addr in boot.addrs():
                     console.print(addr, highlight=False)
+                if http is not None:
+                    from node.web.serve import start_dashboard
+                    from node.web.views import bootstrap_view
+
+                    view = bootstrap_view(boot, genesis[0], node_home.path)
+                    url = await start_dashboard(nursery, view, http)
+                    console.print(f"dashboard {url}", highlight=False)
                 err_console.print(
                     "bootstrap peer running; add the address above to the"
                     " bootstrap lists. Ctrl-C stops it.",
@@ -159,6 +188,7 @@ def join(
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics (127.0.0.1).")
     ] = None,
+    http: HttpOption = None,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
     max_versions: Annotated[
         int | None,
@@ -225,6 +255,10 @@ def join(
         dial=forever_policy() if wait else JOIN_DIAL,
     )
     config.check()  # unauthorized role, bad addresses: exit 2 before any network use
+    if http is not None:
+        from node.web.serve import parse_http
+
+        parse_http(http)
     _logging(verbose)
     # A validator's --cheat is its own judgement edited (a rogue validator), a worker's its work.
     rogue = rogue_by_name(cheat) if cheat is not None and node_role == "validator" else None
@@ -250,8 +284,16 @@ def join(
                 model_dir=model,
                 tasks=tasks,
                 torch_threads=1,
-            ),
+            ) as handle,
+            trio.open_nursery() as nursery,
         ):
+            if http is not None:
+                from node.web.serve import start_dashboard
+                from node.web.views import node_view
+
+                view = node_view(node, handle.ledger.path, handle.feed)
+                url = await start_dashboard(nursery, view, http)
+                console.print(f"dashboard {url}", highlight=False)
             err_console.print(
                 f"joined run {node.run_id} as {node.role} ({node.peer_id}); listening on"
                 f" {', '.join(node.overlay.addrs())}. Ctrl-C stops the node.",

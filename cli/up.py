@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import webbrowser
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -64,11 +65,18 @@ def render(swarm: LocalSwarm) -> Group:
         )
     rewards = swarm.reward_by_version()
     curve = "  ".join(f"v{v}:{r:.2f}" for v, r in rewards[-10:]) or "waiting for accepted samples"
-    return Group(table, f"mean reward by version: {curve}")
+    lines = [f"mean reward by version: {curve}"]
+    if swarm.dashboard_url is not None:
+        lines.append(f"dashboard: {swarm.dashboard_url}")
+    return Group(table, *lines)
 
 
-async def _run(swarm: LocalSwarm) -> str:
+async def _run(swarm: LocalSwarm, open_browser: bool) -> str:
     await swarm.start()
+    if swarm.dashboard_url is not None:
+        console.print(f"dashboard: {swarm.dashboard_url}", highlight=False)
+        if open_browser:
+            _open(swarm.dashboard_url)
     with Live(render(swarm), console=console, refresh_per_second=2, transient=False) as live:
         while True:
             await swarm.poll()
@@ -77,6 +85,16 @@ async def _run(swarm: LocalSwarm) -> str:
             if reason is not None:
                 return reason
             await trio.sleep(1.0)
+
+
+def _open(url: str) -> None:
+    """Open ``url`` in a browser where there is one; say so where there is none."""
+    try:
+        webbrowser.get()
+    except webbrowser.Error:
+        err_console.print(f"no browser found here; open {url} yourself", highlight=False)
+        return
+    webbrowser.open(url)
 
 
 def up(
@@ -93,18 +111,38 @@ def up(
     out: Annotated[Path, typer.Option("--out", help="Where results, ledger and logs go.")] = Path(
         "out/up"
     ),
+    http: Annotated[
+        str,
+        typer.Option(
+            "--http",
+            help="Where the bootstrap peer serves the dashboard ([ADDR:]PORT; 0: a free port;"
+            " 'off': none).",
+        ),
+    ] = "127.0.0.1:0",
+    open_browser: Annotated[
+        bool, typer.Option("--open", help="Open the dashboard in a browser.")
+    ] = False,
 ) -> None:
     """Start a whole local swarm (bootstrap, trainer, validator, workers, a cheater) as processes
     on 127.0.0.1, train the embedded model, stop, audit, and write OUT/summary.json."""
     swarm = LocalSwarm(
         UpConfig(
-            out=out, workers=workers, versions=versions, minutes=minutes, with_cheater=with_cheater
+            out=out,
+            workers=workers,
+            versions=versions,
+            minutes=minutes,
+            with_cheater=with_cheater,
+            http=None if http == "off" else http,
         )
     )
+    if swarm.config.http is not None:
+        from node.web.serve import parse_http
+
+        parse_http(swarm.config.http)
     swarm.prepare()
     reason = "interrupted (Ctrl-C)"
     try:
-        reason = trio.run(_run, swarm)
+        reason = trio.run(_run, swarm, open_browser)
     except KeyboardInterrupt:
         err_console.print("stopping every process (Ctrl-C)…")
     finally:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import msgpack
 
+from node.bundle import BUNDLE_FORMAT, pack_bundle
 from node.compute.torch_engine import TorchEngine
 from node.home import resolve_home
 from node.model.text import chat_template_wanted
@@ -52,7 +53,6 @@ from swarm.messages import (
     run_id_of,
 )
 
-BUNDLE_FORMAT = "swarm-node/proof-bundle/1"
 PolicySource = Callable[[int], Path | None]
 
 
@@ -372,17 +372,12 @@ def export_bundle(ledger: Path, submission_id: bytes, out: Path) -> None:
     )
     if submission is None or verdict is None:
         raise ConfigError(f"no evidence for submission {submission_id.hex()} in {ledger}")
-    bundle = {
-        "format": BUNDLE_FORMAT,
-        "genesis": store.genesis.raw,
-        "submission": submission.raw,
-        "verdict": verdict.raw,
-        "related": [r.raw for r in lookup.related(verdict)],
-    }
+    related_raw = [r.raw for r in lookup.related(verdict)]
+    data = pack_bundle(store.genesis.raw, submission.raw, verdict.raw, related_raw)
     store.close()
     if evidence is not None:
         evidence.close()
-    out.write_bytes(msgpack.packb(bundle, use_bin_type=True))
+    out.write_bytes(data)
 
 
 def audit_bundle(

@@ -5,7 +5,8 @@ cheating worker, each a ``swarm-node`` process with a fresh home under ``OUT/hom
 genesis made for the embedded default model. ``LocalSwarm`` starts them, reads their admin
 sockets for the live view, stops them all (SIGINT, then SIGKILL after a grace period), and then
 the audit runs on the validator's ledger. Everything lands in ``OUT``: ``summary.json``, the
-reward curve, the ledger and every process's log.
+reward curve, the ledger and every process's log. The bootstrap peer serves the run's web
+dashboard (``--http``, 127.0.0.1 and a free port by default); ``dashboard_url`` is its address.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +86,8 @@ class UpConfig:
     with_cheater: bool = True
     cheat: str = "edit-token"
     params: RunParams = DEMO_PARAMS
+    http: str | None = "127.0.0.1:0"
+    """Where the bootstrap peer serves the dashboard (None: no dashboard)."""
 
 
 def _gains(rewards: list[float], window: int = 5) -> dict[str, float | None]:
@@ -107,6 +111,7 @@ class LocalSwarm:
         self.genesis_path = self.out / "run.genesis"
         self.started = time.monotonic()
         self.run_id = ""
+        self.dashboard_url: str | None = None
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -161,8 +166,14 @@ class LocalSwarm:
 
     async def start(self) -> None:
         boot = self.proc("bootstrap")
-        self._spawn(boot, ["bootstrap", "--listen", "/ip4/127.0.0.1/tcp/0"])
+        args = ["bootstrap", "--listen", "/ip4/127.0.0.1/tcp/0"]
+        if self.config.http is not None:
+            args += ["--run", str(self.genesis_path), "--http", self.config.http]
+        self._spawn(boot, args)
         address = await self._bootstrap_address(boot)
+        if self.config.http is not None:
+            line = await self._line(boot, lambda text: text.startswith("dashboard http"))
+            self.dashboard_url = line.split()[1]
         for proc in self.procs:
             if proc is boot:
                 continue
@@ -173,15 +184,21 @@ class LocalSwarm:
             self._spawn(proc, args)
 
     async def _bootstrap_address(self, boot: Proc, timeout: float = 60.0) -> str:
+        return await self._line(
+            boot, lambda text: text.startswith("/ip4/127.0.0.1/") and "/p2p/" in text, timeout
+        )
+
+    async def _line(self, proc: Proc, wanted: Callable[[str], bool], timeout: float = 60.0) -> str:
+        """The first line of ``proc``'s log that is ``wanted`` (stripped)."""
         with trio.move_on_after(timeout):
             while True:
-                for line in boot.log_path.read_text(errors="replace").splitlines():
-                    if line.startswith("/ip4/127.0.0.1/") and "/p2p/" in line:
+                for line in proc.log_path.read_text(errors="replace").splitlines():
+                    if wanted(line):
                         return line.strip()
-                if not boot.alive:
+                if not proc.alive:
                     break
                 await trio.sleep(0.1)
-        raise NetworkError(f"the bootstrap peer did not start; see {boot.log_path}")
+        raise NetworkError(f"the {proc.name} process did not start; see {proc.log_path}")
 
     def kill(self, name: str) -> None:
         """SIGKILL one process (fault tests)."""

@@ -51,6 +51,7 @@ def test_up_trains_catches_the_cheater_and_audits(tmp_path: Path) -> None:
     assert not set(summary["honest_workers"]) & set(summary["slashed"])
     assert summary["reward_by_version"] and summary["accepted"] >= 1
     assert (out / "reward_curve.png").stat().st_size > 0 and (out / "ledger.db").exists()
+    assert "dashboard: http://127.0.0.1:" in done.stdout  # served by the bootstrap peer
     for name in ("bootstrap", "trainer", "validator", "worker-0", "cheater"):
         assert (out / "logs" / f"{name}.log").exists()
     assert _no_swarm_left(out)
@@ -82,6 +83,7 @@ def test_ctrl_c_stops_everything_and_leaves_a_partial_summary(tmp_path: Path) ->
             return status.get("policy_version") is not None
 
         _wait_for(trainer_has_published, 180, "the trainer's first policy version")
+        _check_dashboard(out)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
     finally:
@@ -90,3 +92,16 @@ def test_ctrl_c_stops_everything_and_leaves_a_partial_summary(tmp_path: Path) ->
     summary = json.loads((out / "summary.json").read_text())
     assert "interrupted" in summary["stopped_because"]
     _wait_for(lambda: _no_swarm_left(out), 30, "every child process to exit")
+
+
+def _check_dashboard(out: Path) -> None:
+    """The bootstrap peer of `up` serves the run's dashboard on 127.0.0.1 while it runs."""
+    import httpx
+
+    log = (out / "logs" / "bootstrap.log").read_text()
+    url = next(line.split()[1] for line in log.splitlines() if line.startswith("dashboard http"))
+    assert url.startswith("http://127.0.0.1:")
+    status = httpx.get(url + "api/v1/status", timeout=10).json()
+    assert status["node"]["role"] == "bootstrap"
+    assert status["run"]["name"] == "local demo" and len(status["run"]["run_id"]) == 32
+    assert httpx.get(url + "api/v1/contributors", timeout=10).status_code == 200

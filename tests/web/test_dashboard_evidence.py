@@ -1,0 +1,98 @@
+"""A node without a slash's evidence (a bootstrap peer, a worker) gets its audit bundle from the
+validator over the ``evidence`` protocol (real libp2p hosts on 127.0.0.1), and refuses evidence
+that does not hash to the id asked for or does not verify."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import msgpack
+import trio
+
+from node.roles.evidence import EvidenceService
+from node.runtime import Node, RuntimeConfig
+from node.web.queries import LedgerQueries
+from node.web.views import HolderWatch, PolicyLog, RunView
+from swarm.evidence import EvidenceStore
+from swarm.identity import NodeKey
+from tests import ledger_factory as lf
+from tests.netfactory import FAST_DIAL, LOOPBACK
+
+WORKER = NodeKey.from_seed(b"\x51" * 32)
+CHEAT = NodeKey.from_seed(b"\x52" * 32)
+SLASHED = "SELECT evidence FROM events WHERE event = 'slash'"
+
+
+def _config(key: NodeKey, role: str, bootstrap: list[str]) -> RuntimeConfig:
+    return RuntimeConfig(
+        key=key,
+        genesis=lf.genesis(),
+        role=role,  # type: ignore[arg-type]
+        listen=LOOPBACK,
+        bootstrap=bootstrap,
+        heartbeat=0.2,
+        dial=FAST_DIAL,
+        connect_found_peers=False,
+    )
+
+
+async def test_a_node_without_evidence_fetches_the_bundle_from_the_validator(
+    tmp_path: Path,
+) -> None:
+    work = [lf.Work(WORKER, 1, True), lf.Work(CHEAT, 1, False, reasons=("wrong token",))]
+    store = lf.build(tmp_path / "validator.db", work)
+    (subject,) = [bytes(e) for (e,) in store._db.execute(SLASHED)]
+    (here := tmp_path / "bootstrap").mkdir()
+    with sqlite3.connect(here / "ledger.db") as copy:  # the same ledger, without evidence.db
+        store._db.backup(copy)
+        copy.execute("DELETE FROM verdicts")  # and without the verdicts: all from the validator
+    local = LedgerQueries(here / "ledger.db", initial_balance=100, ban_threshold=0)
+    assert local.envelope(subject) is None  # this node holds nothing of it
+    mine = _view(LedgerQueries(store.path, initial_balance=100, ban_threshold=0), None, "")
+
+    async with Node.start(_config(lf.VALIDATOR, "validator", [])) as validator:
+        EvidenceService(validator, EvidenceStore.beside(store.path)).serve()
+        async with Node.start(
+            _config(NodeKey.from_seed(b"\x53" * 32), "inference", validator.overlay.addrs()[:1])
+        ) as viewer:
+            view = _view(local, viewer.overlay.host, viewer.peer_id)
+            with trio.fail_after(30):
+                fetched = await view.bundle(CHEAT.peer_id, subject)
+                unknown = await view.bundle(CHEAT.peer_id, b"\x00" * 32)
+    assert fetched is not None and fetched == await mine.bundle(CHEAT.peer_id, subject)
+    assert msgpack.unpackb(fetched)["verdict"] == store.verdict_raw(subject)
+    assert unknown is None
+    for q in (local, mine.queries):
+        q.close()  # type: ignore[union-attr]
+    store.close()
+
+
+def _view(queries: LedgerQueries, host: object, peer_id: str) -> RunView:
+    return RunView(
+        run_id=lf.RUN_ID,
+        genesis=lf.genesis(),
+        status=dict,
+        policy=PolicyLog(),
+        holders=HolderWatch(None, lf.RUN_ID, list),
+        queries=queries,
+        roles=dict,
+        host=host,
+        peer_id=peer_id,
+    )
+
+
+async def test_a_bundle_is_refused_when_the_evidence_does_not_verify(tmp_path: Path) -> None:
+    """A verdict whose stored bytes were altered is not packed into a bundle."""
+    store = lf.build(tmp_path / "l.db", [lf.Work(CHEAT, 1, False), lf.Work(CHEAT, 2, False)])
+    (subject, _) = [bytes(e) for (e,) in store._db.execute(SLASHED)]
+    queries = LedgerQueries(store.path, initial_balance=100, ban_threshold=0)
+    good = await _view(queries, None, "").bundle(CHEAT.peer_id, subject)
+    assert good is not None
+    assert await _view(queries, None, "").bundle(WORKER.peer_id, subject) is None  # not his
+    raw = bytearray(store.verdict_raw(subject) or b"")
+    raw[-1] ^= 1  # a forged signature
+    store._db.execute("UPDATE verdicts SET raw = ? WHERE id = ?", (bytes(raw), subject))
+    assert await _view(queries, None, "").bundle(CHEAT.peer_id, subject) is None
+    queries.close()
+    store.close()
