@@ -6,6 +6,10 @@ run its peers subscribe to, so that the mesh of a small run does not depend on i
 finding each other first. For a run whose genesis it was given (``--run``) it validates gossip
 exactly as a member does; for any other run it forwards only what is well-formed: within the
 size limit, a valid signed envelope of the right kind, of the topic's run, not seen before.
+
+It is also a circuit relay v2 hop with limits (``swarm.net.relay.RELAY_LIMITS``: reservations,
+circuits, bytes and seconds per circuit) for nodes behind a NAT, and answers dial-back
+requests (``swarm.net.reach``) so that nodes learn whether they are reachable.
 """
 
 from __future__ import annotations
@@ -116,7 +120,13 @@ class BootstrapPeer:
     @asynccontextmanager
     async def start(cls, config: BootstrapConfig) -> AsyncIterator[BootstrapPeer]:
         async with Overlay.start(
-            config.key, OverlayConfig(listen=config.listen, heartbeat=config.heartbeat)
+            config.key,
+            OverlayConfig(
+                listen=config.listen,
+                heartbeat=config.heartbeat,
+                relay_hop=True,
+                dialback_server=True,
+            ),
         ) as overlay:
             peer = cls(config, overlay)
             for run_id in peer._known:
@@ -179,4 +189,5 @@ class BootstrapPeer:
             "runs_routed": sorted(self._routed),
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "gossip": self.stats.as_dict(),
+            "relay": self.overlay.relay_hop.status() if self.overlay.relay_hop else None,
         }

@@ -198,6 +198,7 @@ def join(
         home=node_home,
         metrics_port=metrics_port if metrics_port is not None else (settings.metrics_port or None),
         dial=forever_policy() if wait else JOIN_DIAL,
+        announce=settings.announce,
     )
     config.check()  # unauthorized role, bad addresses: exit 2 before any network use
     _logging(verbose)

@@ -83,6 +83,11 @@ class RuntimeConfig:
     capabilities: dict[str, Any] = field(default_factory=dict)
     connect_found_peers: bool = True
     """Dial the run's peers found in the DHT (tests of fixed topologies turn this off)."""
+    announce: Sequence[str] = ()
+    """Addresses advertised before our listen addresses (``config.toml [node] announce``)."""
+    relays_wanted: int = 2
+    """Relay reservations a node that is not publicly reachable holds (bootstrap peers)."""
+    recheck_reachability_s: float = 600.0
 
     def check(self) -> None:
         """Refuse bad input before any network use (``ConfigError`` / ``NotAuthorizedError``)."""
@@ -90,6 +95,8 @@ class RuntimeConfig:
             parse_multiaddr(addr)
         for addr in self.bootstrap:
             parse_peer_addr(addr)
+        for addr in self.announce:
+            parse_multiaddr(addr)
         g = self.genesis.message
         authorize(self.role, self.key.peer_id, g.trainers, g.validators)
 
@@ -150,7 +157,10 @@ class Node:
                 stack.enter_context(config.home.lock())
             overlay = await stack.enter_async_context(
                 Overlay.start(
-                    config.key, OverlayConfig(listen=config.listen, heartbeat=config.heartbeat)
+                    config.key,
+                    OverlayConfig(
+                        listen=config.listen, heartbeat=config.heartbeat, announce=config.announce
+                    ),
                 )
             )
             node = cls(config, overlay)
@@ -183,6 +193,13 @@ class Node:
             for addr, why in report.failures.items():
                 log.warning("bootstrap peer %s not reached: %s", addr, why)
             nursery.start_soon(self._check_reachability)
+            if self.overlay.relay is not None:
+                nursery.start_soon(
+                    self.overlay.relay.maintain,
+                    lambda: self.config.bootstrap,
+                    self._relays_wanted,
+                    self._addrs_changed,
+                )
         await self.membership.publish()
         nursery.start_soon(self.membership.run)
         if self.config.connect_found_peers:
@@ -210,16 +227,33 @@ class Node:
             except Exception:
                 log.exception("ledger handler failed")
 
+    def _bootstrap_peer_ids(self) -> list[str]:
+        return [a.rsplit("/p2p/", 1)[1] for a in self.config.bootstrap if "/p2p/" in a]
+
     async def _check_reachability(self) -> None:
-        with trio.move_on_after(30):
-            status = await self.overlay.check_reachability()
-            log.info("AutoNAT reachability: %s", status)
+        """Ask the bootstrap peers to dial us back now and then (sooner while unknown)."""
+        while True:
+            servers = [p for p in self._bootstrap_peer_ids() if self.overlay.connected(p)]
+            with trio.move_on_after(60):
+                reach = await self.overlay.check_reachability(servers)
+                log.info("reachability: %s (%s)", reach.status, reach.reason)
+            unknown = self.overlay.reach.status == "unknown"
+            await trio.sleep(30.0 if unknown else self.config.recheck_reachability_s)
+
+    def _relays_wanted(self) -> int:
+        """Reservations to hold: ``relays_wanted`` once the dial-back said "private", else
+        none (a public node needs none; "unknown" means no bootstrap peer answered, and those
+        are our relays too)."""
+        return self.config.relays_wanted if self.overlay.reach.status == "private" else 0
+
+    async def _addrs_changed(self) -> None:
+        """Our relayed addresses changed: republish our advert so peers dial the new ones."""
+        log.info("our addresses are now %s", ", ".join(self.overlay.addrs()))
+        await self.membership.publish()
 
     async def _connect_found_peers(self) -> None:
         """Connect to the run's peers found in the DHT, so the gossip mesh does not depend on
         the bootstrap peers alone (bounded: at most MAX_GOSSIP_PEERS connections we start)."""
-        from swarm.net.dial import dial_once
-
         while True:
             await self.membership.found.wait()
             self.membership.found = trio.Event()
@@ -228,14 +262,16 @@ class Node:
                 for peer in peers:
                     if peer in connected or len(connected) >= MAX_GOSSIP_PEERS:
                         continue
-                    advert = self.membership.advert_of(peer)
-                    for addr in advert.message.addrs if advert else ():
-                        try:
-                            if await dial_once(self.overlay.host, addr, 5.0) is None:
-                                connected.add(peer)
-                                break
-                        except ConfigError:
-                            continue
+                    if await self.connect_peer(peer) is None:
+                        connected.add(peer)
+
+    async def connect_peer(self, peer_id: str) -> str | None:
+        """Connect to a run peer at its advertised addresses, circuits included, unless
+        connected; ``None`` on success, else why not (``Overlay.connect``)."""
+        advert = self.membership.advert_of(peer_id)
+        if advert is None:
+            return None if self.overlay.connected(peer_id) else "no advert known"
+        return await self.overlay.connect(peer_id, advert.message.addrs)
 
     # -- what roles use -----------------------------------------------------------------------
 
@@ -286,7 +322,13 @@ class Node:
     async def request(
         self, peer_id: str, name: str, payload: bytes, limits: StreamLimits = DEFAULT_LIMITS
     ) -> bytes:
-        """One request on ``/swarm-node/<run>/<name>/1`` (size limits and a deadline)."""
+        """One request on ``/swarm-node/<run>/<name>/1`` (size limits and a deadline). A peer
+        we hold no connection to is dialed at its advertised addresses first: the swarm
+        cannot dial its relayed (``/p2p-circuit``) ones by itself."""
+        if not self.overlay.connected(peer_id) and self.membership.advert_of(peer_id):
+            why = await self.connect_peer(peer_id)
+            if why is not None:
+                log.debug("connecting to %s failed: %s", peer_id[-8:], why)
         return await request(
             self.overlay.host, peer_id, stream_protocol(self.run_id, name), payload, limits
         )
@@ -313,6 +355,8 @@ class Node:
             "connected_peers": len(self.overlay.connected_peers()),
             "bootstrap_connected": self.bootstrap_connected,
             "reachability": self.overlay.reachability(),
+            "reachability_detail": self.overlay.reach.as_dict(),
+            "relay": self.overlay.relay.status() if self.overlay.relay else None,
             "policy_version": None if newest is None else newest.message.version,
             "policy_manifest": None if newest is None else newest.message.manifest_id.hex(),
             "uptime_s": round(time.monotonic() - self.started_at, 3),
