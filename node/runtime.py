@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -54,7 +55,9 @@ from swarm.net import (
     serve,
     stream_protocol,
 )
+from swarm.net.paths import relayed_connection
 from swarm.net.records import wall_clock_ms
+from swarm.net.relay import RELAY_LIMITS
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +141,8 @@ class Node:
         self.status_extras: dict[str, Callable[[], Any]] = {}
         """Sections that roles add to ``status()`` (name -> a function returning plain data)."""
         self._nursery: trio.Nursery | None = None
+        self._relayed_spent: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        """Bulk bytes pulled per relayed connection, see ``relayed_bytes_left``."""
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -237,6 +242,13 @@ class Node:
             with trio.move_on_after(60):
                 reach = await self.overlay.check_reachability(servers)
                 log.info("reachability: %s (%s)", reach.status, reach.reason)
+                if reach.status == "private" and self.config.announce:
+                    log.warning(
+                        "announce address %s is not reachable (%s); peers will reach us"
+                        " through relays: fix [node] announce or forward the port",
+                        ", ".join(self.config.announce),
+                        reach.reason,
+                    )
             unknown = self.overlay.reach.status == "unknown"
             await trio.sleep(30.0 if unknown else self.config.recheck_reachability_s)
 
@@ -336,6 +348,24 @@ class Node:
     def direct_path(self, peer_id: str) -> DirectPath | None:
         """Both IP addresses of our direct connection to ``peer_id`` (None: none, or relayed)."""
         return self.overlay.direct_path(peer_id)
+
+    def relayed_bytes_left(self, peer_id: str) -> int | None:
+        """Bulk bytes we may still pull from ``peer_id`` over its relayed connection (``None``:
+        we have a direct one, or none). The cap is 3/4 of the relay's per-circuit limit, so
+        control traffic never pushes a circuit over it (``RELAY_LIMITS`` when the peer's relay
+        is not one of ours and its limit unknown)."""
+        conn = relayed_connection(self.overlay.host, peer_id)
+        if conn is None:
+            return None
+        limit = (self.overlay.relay.relayed_budget() if self.overlay.relay else 0) or (
+            RELAY_LIMITS.data
+        )
+        return max(0, limit * 3 // 4 - self._relayed_spent.get(conn, 0))
+
+    def spend_relayed(self, peer_id: str, nbytes: int) -> None:
+        conn = relayed_connection(self.overlay.host, peer_id)
+        if conn is not None:
+            self._relayed_spent[conn] = self._relayed_spent.get(conn, 0) + nbytes
 
     async def forget_peer(self, peer_id: str) -> None:
         """Make the next request to ``peer_id`` dial afresh (``Overlay.forget_peer``)."""

@@ -318,6 +318,23 @@ class Swarm:
         finally:
             store.close()
 
+    def credits_of(self, name: str, worker: str) -> int:
+        """How many credit events for ``worker``'s peer ID ``name``'s ledger holds."""
+        path = self.run_dir(name) / "ledger.db"
+        if not path.exists():
+            return 0
+        peer = self.peer_id(worker)
+        store = LedgerStore.open_existing(path)
+        try:
+            return sum(
+                1 for e in store.events() if e.message.event == "credit" and e.message.peer == peer
+            )
+        finally:
+            store.close()
+
+    def peer_id(self, name: str) -> str:
+        return self.hosts[name].addr.rsplit("/p2p/", 1)[1]
+
     def trainer_queue(self) -> dict[bytes, int | None]:
         path = self.run_dir("trainer") / "samples.db"
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
