@@ -315,6 +315,14 @@ def status(
     ):
         if key in info:
             table.add_row(key, str(info[key]))
+    reach = info.get("reachability_detail") or {}
+    if reach.get("reason"):
+        table.add_row("reachability why", str(reach["reason"]))
+    relay = info.get("relay") or {}
+    for held in relay.get("reservations", []):
+        table.add_row("relay slot", f"{held['relay']} (renewed, {held['expires_in_s']} s left)")
+    for addr, why in (relay.get("refused") or {}).items():
+        table.add_row("relay refused", f"{addr}: {why}")
     for addr in info.get("listen_addrs", []):
         table.add_row("listen", addr)
     for role, peers in info.get("peers_by_role", {}).items():

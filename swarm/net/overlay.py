@@ -54,7 +54,7 @@ from swarm.net.host import (
 )
 from swarm.net.names import NAMESPACE, advert_key
 from swarm.net.paths import DirectPath, direct_path
-from swarm.net.reach import DialbackServer, Reachability, check_reachability
+from swarm.net.reach import DialbackServer, Reachability, check_reachability, tcp_ports
 from swarm.net.records import Clock, RoleAdvertValidator, check_advert, wall_clock_ms
 from swarm.net.relay import RelayClient, RelayHop, is_circuit
 
@@ -244,9 +244,16 @@ class Overlay:
     def addrs(self) -> list[str]:
         """Dialable addresses, each with ``/p2p/<peer id>``: announced ones, our listen
         addresses, then our relayed (``/p2p-circuit``) ones."""
-        announced = [a if "/p2p/" in a else f"{a}/p2p/{self.peer_id}" for a in self.config.announce]
+        announced = [
+            a if "/p2p/" in a else f"{a}/p2p/{self.peer_id}" for a in self.usable_announce()
+        ]
         relayed = self.relay.circuit_addrs() if self.relay is not None else []
         return list(dict.fromkeys([*announced, *full_addrs(self.host), *relayed]))
+
+    def usable_announce(self) -> list[str]:
+        """Our announce addresses less those a dial-back found closed."""
+        failed = self.reach.failed_ports()
+        return [a for a in self.config.announce if not set(tcp_ports([a])) & failed]
 
     def listen_addrs(self) -> list[str]:
         return full_addrs(self.host)
@@ -270,6 +277,14 @@ class Overlay:
         self.reach = await check_reachability(
             self.host, servers, self.listen_addrs(), self.config.announce
         )
+        for addr in self.config.announce:
+            if addr not in self.usable_announce():
+                log.warning(
+                    "announce address %s is not reachable: the dial-back to its port failed"
+                    " (%s); it is left out of our advert until a later check reaches it",
+                    addr,
+                    self.reach.reason,
+                )
         if self.reach.status == "private" and self.dht.mode == DHTMode.SERVER:
             log.warning(
                 "not reachable from outside (%s); the DHT moves to client mode",

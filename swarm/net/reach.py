@@ -72,6 +72,16 @@ class Reachability:
     results: list[DialbackResult] = field(default_factory=list)
     checked_at: float | None = None
 
+    def failed_ports(self) -> set[int]:
+        """Ports every dial-back to failed (an announce address on one is unreachable)."""
+        tried: dict[int, bool] = {}
+        for result in self.results:
+            for addr, why in result.tried.items():
+                ports = tcp_ports([addr])
+                if ports:
+                    tried[ports[0]] = tried.get(ports[0], False) or why == ""
+        return {port for port, ok in tried.items() if not ok}
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "status": self.status,

@@ -14,6 +14,8 @@ facts):
   connection is alive and its reservation fresh, re-reserves, moves to another relay when one
   is gone, and calls ``on_change`` so the node republishes its advert with the new
   ``/p2p-circuit`` addresses.
+- Reservations are renewed every ``REFRESH_EVERY_S``, so one the relay dropped while the
+  connection stayed up comes back within a minute (dialers meanwhile get "no reservation").
 - A relay that refuses a reservation (status 200-204) or never answers is skipped for
   ``REFUSED_BACKOFF_S`` with a warning naming its reason; the node keeps whatever other
   relays it holds.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -67,6 +70,9 @@ RELAY_LIMITS = RelayLimits(
 """What a bootstrap peer relays: 128 reservations, 64 circuits of at most 10 min and 64 MiB."""
 
 CHECK_EVERY_S = 2.0
+REFRESH_EVERY_S = 60.0
+"""Reserve again this often: a relay that dropped our reservation (a restart keeping the
+connection, an expiry on its clock) takes us back within a minute."""
 REFRESH_BEFORE_S = 300.0
 REFUSED_BACKOFF_S = 30.0
 RESERVE_TIMEOUT_S = 10.0
@@ -82,6 +88,21 @@ _STATUS_TEXT = {
 }
 
 
+_CIRCUIT_TEXT = {
+    StatusCode.NO_RESERVATION: "the relay holds no reservation for that peer (it left, or"
+    " moved to another relay: look its advert up again)",
+    StatusCode.RESOURCE_LIMIT_EXCEEDED: "the relay is at its circuit limit",
+    StatusCode.CONNECTION_FAILED: "the relay could not reach that peer",
+}
+
+
+def _status_of(text: str) -> StatusCode | None:
+    try:
+        return StatusCode(int(text)) if text.isdigit() else StatusCode[text]
+    except (KeyError, ValueError):
+        return None
+
+
 class _DropNoise(logging.Filter):
     """py-libp2p logs an ERROR after every served reservation (the client closing its hop
     stream) and for every failed hole-punch dial; neither is a fault of ours."""
@@ -93,6 +114,9 @@ class _DropNoise(logging.Filter):
         "Failed to dial",
         "Hole punch",
         "hole punch",
+        "Unexpected error reading from stream",
+        "Failed to fetch stored addresses",
+        "stream is reset",
     )
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -150,6 +174,7 @@ class Reservation:
     addr: str  # the relay's address we dialed, with /p2p/<relay>
     expires: float  # unix seconds
     data_limit: int  # bytes per circuit, as the relay stated (0: not stated)
+    reserved_at: float = 0.0  # trio.current_time() of the last successful reservation
 
 
 class RelayClient:
@@ -214,7 +239,9 @@ class RelayClient:
             why = _STATUS_TEXT.get(code, f"status {int(code)}")
             raise NetworkError(f"relay {relay_addr} refused our reservation: {why}")
         limit = int(answer.limit.data) if answer.HasField("limit") else 0
-        reservation = Reservation(relay, relay_addr, float(answer.reservation.expire), limit)
+        reservation = Reservation(
+            relay, relay_addr, float(answer.reservation.expire), limit, trio.current_time()
+        )
         self.reservations[relay] = reservation
         return reservation
 
@@ -251,7 +278,11 @@ class RelayClient:
                 del self.reservations[relay]
                 self.refused[held.addr] = (time.monotonic(), "connection lost")
                 self.moves += 1
-            elif held.expires - now < REFRESH_BEFORE_S or want <= 0:
+            elif (
+                held.expires - now < REFRESH_BEFORE_S
+                or trio.current_time() - held.reserved_at > REFRESH_EVERY_S
+                or want <= 0
+            ):
                 if want <= 0:
                     del self.reservations[relay]
                     continue
@@ -314,7 +345,14 @@ class RelayClient:
         except trio.TooSlowError as exc:
             raise NetworkError(f"circuit {addr} timed out after {timeout:g} s") from exc
         except Exception as exc:
-            raise NetworkError(f"circuit {addr} failed: {str(exc)[:160]}") from exc
+            text = str(exc)
+            code = re.search(r"status (?:StatusCode\.)?(\w+)", text)
+            why = text[:160]
+            if code is not None:
+                status = _status_of(code.group(1))
+                if status is not None:
+                    why = _CIRCUIT_TEXT.get(status, _STATUS_TEXT.get(status, why))
+            raise NetworkError(f"circuit {addr} failed: {why}") from exc
 
     def relayed_budget(self) -> int:
         """The smallest per-circuit byte limit our relays stated (0: unknown)."""

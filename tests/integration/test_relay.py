@@ -116,3 +116,44 @@ async def test_a_relay_that_refuses_reservations_is_named_and_skipped(
         await asker.relay.check_once([not_a_relay.addrs()[0], boot.addrs()[0]], want=1)
         assert list(asker.relay.reservations) == [boot.peer_id]
         assert not_a_relay.addrs()[0] in asker.relay.status()["refused"]
+
+
+async def test_an_unreachable_announce_address_is_logged_and_left_out_of_our_addresses(
+    boot: BootstrapPeer, caplog: pytest.LogCaptureFixture
+) -> None:
+    closed = f"/ip4/127.0.0.1/tcp/{_free_port()}"
+    config = OverlayConfig(listen=LOOPBACK, announce=(closed,))
+    async with Overlay.start(key_named("announcer"), config) as a:
+        assert a.addrs()[0].startswith(closed)  # announced first, until checked
+        await a.dial(boot.addrs())
+        reach = await a.check_reachability([boot.peer_id])
+        assert reach.status == "public"  # its listen port works: the node keeps working
+        assert not any(addr.startswith(closed) for addr in a.addrs())
+        assert f"announce address {closed} is not reachable" in caplog.text, (
+            len(caplog.records),
+            caplog.text[-500:],
+        )
+
+
+async def test_a_dropped_reservation_is_a_clear_dial_error_and_comes_back_on_refresh(
+    boot: BootstrapPeer,
+) -> None:
+    async with (
+        Overlay.start(key_named("dropped"), OverlayConfig(listen=LOOPBACK)) as natted,
+        Overlay.start(key_named("dialer-2"), OverlayConfig(listen=LOOPBACK)) as dialer,
+    ):
+        serve(natted.host, ECHO, _echo, StreamLimits())
+        assert natted.relay is not None and dialer.relay is not None
+        await natted.relay.check_once(boot.addrs()[:1], want=1)
+        [circuit] = natted.relay.circuit_addrs()
+        # The relay forgets it (a restart that kept the connection, an expiry on its clock).
+        assert boot.overlay.relay_hop is not None
+        boot.overlay.relay_hop.protocol.resource_manager._reservations.clear()
+        with pytest.raises(NetworkError, match="holds no reservation for that peer"):
+            await dialer.relay.dial_circuit(circuit)
+        # Our periodic refresh reserves again; the circuit works.
+        for held in natted.relay.reservations.values():
+            held.reserved_at -= 3600
+        await natted.relay.check_once(boot.addrs()[:1], want=1)
+        assert await dialer.connect(natted.peer_id, [circuit]) is None
+        assert await request(dialer.host, natted.peer_id, ECHO, b"back") == b"back"
