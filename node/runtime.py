@@ -279,11 +279,19 @@ class Node:
 
     async def connect_peer(self, peer_id: str) -> str | None:
         """Connect to a run peer at its advertised addresses, circuits included, unless
-        connected; ``None`` on success, else why not (``Overlay.connect``)."""
+        connected; ``None`` on success, else why not (``Overlay.connect``). When every
+        address fails, the advert is looked up again once: the peer may have moved to
+        another relay since."""
         advert = self.membership.advert_of(peer_id)
         if advert is None:
             return None if self.overlay.connected(peer_id) else "no advert known"
-        return await self.overlay.connect(peer_id, advert.message.addrs)
+        why = await self.overlay.connect(peer_id, advert.message.addrs)
+        if why is None:
+            return None
+        newer = await self.membership.refresh_advert(peer_id)
+        if newer is None or newer.message.addrs == advert.message.addrs:
+            return why
+        return await self.overlay.connect(peer_id, newer.message.addrs)
 
     # -- what roles use -----------------------------------------------------------------------
 
