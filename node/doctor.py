@@ -246,7 +246,7 @@ def reachability_advice(
     return Check("reachability", "warn", f"private: {reason}", hint)
 
 
-async def _probe(
+async def probe_reachability(
     listen: tuple[str, ...], bootstrap: tuple[str, ...], announce: tuple[str, ...]
 ) -> Any:
     from swarm.identity import NodeKey
@@ -293,7 +293,7 @@ def check_reachability(
     if not bootstrap:
         return Check("reachability", "warn", "not tested: no bootstrap peer to ask")
     try:
-        reach = trio.run(_probe, listen, bootstrap, announce)
+        reach = trio.run(probe_reachability, listen, bootstrap, announce)
     except SwarmError as exc:
         return Check("reachability", "warn", f"not tested: {exc}")
     return reachability_advice(

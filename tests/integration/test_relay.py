@@ -157,3 +157,12 @@ async def test_a_dropped_reservation_is_a_clear_dial_error_and_comes_back_on_ref
         await natted.relay.check_once(boot.addrs()[:1], want=1)
         assert await dialer.connect(natted.peer_id, [circuit]) is None
         assert await request(dialer.host, natted.peer_id, ECHO, b"back") == b"back"
+
+
+async def test_doctors_probe_finds_a_fresh_host_on_loopback_public(boot: BootstrapPeer) -> None:
+    from node.doctor import probe_reachability, reachability_advice
+
+    reach = await probe_reachability(LOOPBACK, tuple(boot.addrs()), ())
+    assert reach.status == "public", reach.reason
+    observed = sorted({r.observed_ip for r in reach.results})
+    assert reachability_advice(reach.status, reach.reason, observed, LOOPBACK).status == "ok"

@@ -229,6 +229,10 @@ class Swarm:
         write_genesis(genesis, self.genesis)
         self.run_id = run_id_of(genesis)
 
+    def net_cmd(self, name: str, *args: str) -> list[str]:
+        """``swarm-node ARGS`` in ``name``'s namespace (a command line for subprocess)."""
+        return ["ip", "netns", "exec", self.net.names[name], sys.executable, "-m", "cli.app", *args]
+
     def start(self, name: str, args: list[str] | None = None) -> None:
         host = self.hosts[name]
         host.args = args or host.args

@@ -7,7 +7,8 @@ Checked: the workers learn by dial-back that they are private (the trainer that 
 reserve relay slots on the bootstrap peers and advertise ``/p2p-circuit`` addresses; both fetch
 the policy, submit and are credited; a fetch on worker A's network from worker B only (a
 separate ``shardcast fetch --from`` process) crosses both NATs, through a relay or a punched
-hole (printed); kill -9 of a bootstrap peer worker A reserved on: A drops it, keeps its other
+hole (printed); ``doctor`` on worker A's machine says to forward the port (or live with the
+relay); kill -9 of a bootstrap peer worker A reserved on: A drops it, keeps its other
 relay, republishes its advert, and is credited again.
 
 Needs root (`ip netns`) and iptables (installed with apt-get when missing).
@@ -18,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,7 +87,7 @@ def _fetch_from(
         args += ["--bootstrap", swarm.hosts[boot].addr]
     env = os.environ | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     return subprocess.run(
-        ["ip", "netns", "exec", swarm.net.names[where], sys.executable, "-m", "cli.app", *args],
+        swarm.net_cmd(where, *args),
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -150,6 +150,20 @@ def test_workers_behind_nat_join_through_relays_and_survive_losing_one(swarm: Sw
     assert "complete at" in fetched.stdout, fetched.stdout
     path = "relayed" if "path relayed" in fetched.stdout else "direct (hole punched)"
     assert "path relayed" in fetched.stdout or "path direct" in fetched.stdout, fetched.stdout
+
+    # doctor on worker A's machine says what to do: forward the port, or live with the relay.
+    doctor = subprocess.run(
+        swarm.net_cmd("workerA", "doctor", "--home", str(swarm.hosts["workerA"].home)),
+        cwd=ROOT,
+        env=os.environ | {"PYTHONPATH": str(ROOT), "COLUMNS": "1000"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    router_ip = swarm.net.ip("routerA")
+    assert f"forward TCP port {PORT} on your router" in doctor.stdout, doctor.stdout
+    assert f'announce = ["/ip4/{router_ip}/tcp/{PORT}"]' in doctor.stdout, doctor.stdout
+    assert "through a relay" in doctor.stdout
 
     # kill -9 a relay worker A reserved on: it keeps the other, republishes, keeps working.
     first_relay = _relays(swarm, "workerA")[0]
