@@ -10,6 +10,10 @@ size limit, a valid signed envelope of the right kind, of the topic's run, not s
 With ``ledger_dir`` (what ``--http`` sets) it also keeps a replica of the ledger of every run
 whose genesis it holds: the verdicts and events its gate let through, stored as any member
 stores them (``LedgerStore``), so its dashboard can show contributors, balances and slashes.
+
+It is also a circuit relay v2 hop with limits (``swarm.net.relay.RELAY_LIMITS``: reservations,
+circuits, bytes and seconds per circuit) for nodes behind a NAT, and answers dial-back
+requests (``swarm.net.reach``) so that nodes learn whether they are reachable.
 """
 
 from __future__ import annotations
@@ -125,7 +129,13 @@ class BootstrapPeer:
     @asynccontextmanager
     async def start(cls, config: BootstrapConfig) -> AsyncIterator[BootstrapPeer]:
         async with Overlay.start(
-            config.key, OverlayConfig(listen=config.listen, heartbeat=config.heartbeat)
+            config.key,
+            OverlayConfig(
+                listen=config.listen,
+                heartbeat=config.heartbeat,
+                relay_hop=True,
+                dialback_server=True,
+            ),
         ) as overlay:
             peer = cls(config, overlay)
             for run_id in peer._known:
@@ -209,4 +219,5 @@ class BootstrapPeer:
             "runs_routed": sorted(self._routed),
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "gossip": self.stats.as_dict(),
+            "relay": self.overlay.relay_hop.status() if self.overlay.relay_hop else None,
         }

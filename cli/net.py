@@ -253,6 +253,7 @@ def join(
         home=node_home,
         metrics_port=metrics_port if metrics_port is not None else (settings.metrics_port or None),
         dial=forever_policy() if wait else JOIN_DIAL,
+        announce=settings.announce,
     )
     config.check()  # unauthorized role, bad addresses: exit 2 before any network use
     if http is not None:
@@ -389,6 +390,14 @@ def status(
     ):
         if key in info:
             table.add_row(key, str(info[key]))
+    reach = info.get("reachability_detail") or {}
+    if reach.get("reason"):
+        table.add_row("reachability why", str(reach["reason"]))
+    relay = info.get("relay") or {}
+    for held in relay.get("reservations", []):
+        table.add_row("relay slot", f"{held['relay']} (renewed, {held['expires_in_s']} s left)")
+    for addr, why in (relay.get("refused") or {}).items():
+        table.add_row("relay refused", f"{addr}: {why}")
     for addr in info.get("listen_addrs", []):
         table.add_row("listen", addr)
     for role, peers in info.get("peers_by_role", {}).items():

@@ -34,6 +34,7 @@ from node.shardcast import MIB, ShardcastService, open_store
 from swarm.errors import PeerError
 from swarm.messages import RunGenesis, Signed, run_id_of
 from swarm.net import policy_topic
+from swarm.net.host import check_peer_id
 from swarm.shardcast import FetchConfig, FetchProgress, ShardStore, publish
 from swarm.shardcast.datachannel import DataChannelConfig
 
@@ -161,11 +162,18 @@ def fetch_cmd(
     data_host: DataHostOption = "0.0.0.0",
     data_port: DataPortOption = 0,
     concurrency: Annotated[int, typer.Option("--concurrency", help="Shards at once.", min=1)] = 4,
+    from_peers: Annotated[
+        list[str] | None,
+        typer.Option("--from", help="Fetch from this peer ID only (repeatable); for debugging."),
+    ] = None,
     bootstrap_peers: BootstrapOption = None,
     listen: ListenOption = None,
     home: HomeOption = None,
 ) -> None:
     """Fetch a policy version from every provider at once; resumes an interrupted fetch."""
+    only = tuple(from_peers or ())
+    for peer in only:
+        check_peer_id(peer)
     node_home = open_home(home)
     genesis = load_genesis(run)
     store = open_store(node_home.path, genesis, max_disk)
@@ -174,9 +182,12 @@ def fetch_cmd(
     _logging(False)
 
     async def main() -> None:
-        async with _serving(config, store, data_host, data_port) as (_node, service):
+        async with _serving(config, store, data_host, data_port) as (node, service):
             with trio.move_on_after(wait):
-                while not await service.providers(version):
+                if only:  # their adverts say how to reach them (relayed addresses too)
+                    while not all(node.membership.advert_of(p) for p in only):
+                        await trio.sleep(0.2)
+                while not only and not await service.providers(version):
                     await trio.sleep(0.2)
             with Progress(
                 TextColumn("[bold]v{task.fields[version]}"),
@@ -201,7 +212,10 @@ def fetch_cmd(
 
                 try:
                     result = await service.fetch(
-                        version, config=FetchConfig(concurrency=concurrency), on_progress=show
+                        version,
+                        config=FetchConfig(concurrency=concurrency),
+                        on_progress=show,
+                        only=only,
                     )
                 except PeerError as exc:
                     raise PeerError(f"{exc} (waited {wait:g} s for providers)") from exc
@@ -214,7 +228,8 @@ def fetch_cmd(
             for peer in result.progress.peers():
                 console.print(
                     f"  {str(peer['peer'])[-12:]}: {peer['shards']} shards,"
-                    f" {peer['rate_mib_s']} MiB/s, {peer['failures']} failures"
+                    f" {peer['rate_mib_s']} MiB/s, {peer['failures']} failures,"
+                    f" path {service.path_to(str(peer['peer']))}"
                     + (" (dropped)" if peer["dropped"] else ""),
                     highlight=False,
                 )

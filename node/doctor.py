@@ -1,7 +1,17 @@
-"""``swarm-node doctor``: check what a node needs before it joins, each with a fix-it hint."""
+"""``swarm-node doctor``: check what a node needs before it joins, each with a fix-it hint.
+
+Reachability (``check_reachability``): a running node's own verdict when its admin socket
+answers; otherwise a short-lived host with a throwaway key listens on the configured port and
+asks the bootstrap peers to dial it back (``swarm.net.reach``). ``reachability_advice`` turns
+the verdict into what to do: nothing; open the port in a firewall (no NAT: the bootstrap peer
+saw one of our own addresses); forward the port and set an announce address (behind a NAT); fix
+an announce address at another IP; or nothing after all, since the node works through a relay,
+at a cost the advice states.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
@@ -10,6 +20,9 @@ import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
+
+import trio
 
 from node.compute.devices import Accelerators, choose, probe
 from node.home import NodeHome
@@ -178,10 +191,132 @@ def check_accelerator(acc: Accelerators | None = None) -> list[Check]:
     return [found, picked]
 
 
+def _local_ips() -> set[str]:
+    ips = {"127.0.0.1", "::1"}
+    with contextlib.suppress(OSError):
+        for info in socket.getaddrinfo(socket.gethostname(), None):
+            ips.add(str(info[4][0]))
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("10.255.255.255", 1))  # no packet is sent: this picks the outgoing address
+        ips.add(s.getsockname()[0])
+    return ips
+
+
+RELAY_COST = (
+    "the node works anyway through a relay on the bootstrap peers: it joins, submits and"
+    " earns, but peers reach it only through a relay (about 5 MiB/s, bulk shard transfers"
+    " capped per relay circuit) and it serves no DHT queries"
+)
+
+
+def reachability_advice(
+    status: str,
+    reason: str,
+    observed_ips: list[str],
+    listen: tuple[str, ...],
+    announce: tuple[str, ...] = (),
+    local_ips: set[str] | None = None,
+) -> Check:
+    """What to do about a reachability verdict (see the module docstring)."""
+    ports = [p for a in (*announce, *listen) if (t := _tcp_port(a)) and (p := t[1])]
+    port = ports[0] if ports else 4001
+    local = local_ips if local_ips is not None else _local_ips()
+    stray = [a for a in announce if (t := _tcp_port(a)) and t[0] not in observed_ips]
+    if stray and observed_ips:
+        return Check(
+            "reachability",
+            "warn",
+            f"{status}: {reason}",
+            f"announce address {stray[0]} is not the address you connect from"
+            f" ({', '.join(observed_ips)}), so peers dial it in vain: fix or remove [node]"
+            " announce in config.toml",
+        )
+    if status == "public":
+        return Check("reachability", "ok", f"public: {reason}")
+    if status == "unknown":
+        return Check(
+            "reachability",
+            "warn",
+            f"unknown: {reason}",
+            "no bootstrap peer answered a dial-back; check the bootstrap list (above)",
+        )
+    if observed_ips and all(ip in local for ip in observed_ips):
+        hint = (
+            f"no NAT, but TCP port {port} is closed to others: open it in your firewall;"
+            f" or do nothing: {RELAY_COST}"
+        )
+    else:
+        public = observed_ips[0] if observed_ips else "<your public IP>"
+        hint = (
+            f"you are behind a NAT (peers see you as {public}): forward TCP port {port} on"
+            f' your router to this machine and set announce = ["/ip4/{public}/tcp/{port}"]'
+            f" under [node] in config.toml; or do nothing: {RELAY_COST}"
+        )
+    return Check("reachability", "warn", f"private: {reason}", hint)
+
+
+async def probe_reachability(
+    listen: tuple[str, ...], bootstrap: tuple[str, ...], announce: tuple[str, ...]
+) -> Any:
+    from swarm.identity import NodeKey
+    from swarm.net import DialPolicy, Overlay, OverlayConfig
+    from swarm.net.reach import Reachability
+
+    config = OverlayConfig(listen=listen, announce=announce, dht_server=False)
+    async with Overlay.start(NodeKey.generate(), config) as overlay:
+        try:
+            report = await overlay.dial(bootstrap, DialPolicy(attempts=1, timeout=5.0))
+        except SwarmError as exc:
+            return Reachability("unknown", str(exc))
+        servers = [a.rsplit("/p2p/", 1)[1] for a in report.connected]
+        return await overlay.check_reachability(servers)
+
+
+def _running_status(home: NodeHome) -> dict[str, Any] | None:
+    from node import admin
+
+    sock = admin.socket_path(home.path)
+    if not sock.exists():
+        return None
+    try:
+        answer = trio.run(admin.query, sock, {"cmd": "status"}, 5.0)
+    except SwarmError:
+        return None
+    status = answer.get("status")
+    return status if isinstance(status, dict) else None
+
+
+def check_reachability(
+    home: NodeHome, bootstrap: tuple[str, ...], listen: tuple[str, ...], announce: tuple[str, ...]
+) -> Check:
+    running = _running_status(home)
+    if running is not None and running.get("reachability_detail"):
+        detail = running["reachability_detail"]
+        return reachability_advice(
+            str(detail["status"]),
+            f"{detail['reason']} (the running node's verdict)",
+            list(detail.get("observed_ips", [])),
+            listen,
+            announce,
+        )
+    if not bootstrap:
+        return Check("reachability", "warn", "not tested: no bootstrap peer to ask")
+    try:
+        reach = trio.run(probe_reachability, listen, bootstrap, announce)
+    except SwarmError as exc:
+        return Check("reachability", "warn", f"not tested: {exc}")
+    return reachability_advice(
+        reach.status, reach.reason, sorted({r.observed_ip for r in reach.results}), listen, announce
+    )
+
+
 def run_checks(home: NodeHome, bootstrap: tuple[str, ...]) -> list[Check]:
     config = home.load_config()
     checks = [check_versions(), check_key(home)]
     checks += check_ports(config.listen)
     checks += check_bootstrap(bootstrap or config.bootstrap)
+    checks.append(
+        check_reachability(home, bootstrap or config.bootstrap, config.listen, config.announce)
+    )
     checks += [check_disk(home.path), check_memory(), *check_accelerator()]
     return checks

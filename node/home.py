@@ -53,6 +53,8 @@ class NodeConfig:
     listen: tuple[str, ...] = DEFAULT_LISTEN
     bootstrap: tuple[str, ...] = ()
     metrics_port: int = 0
+    announce: tuple[str, ...] = ()
+    """Addresses to advertise first (a forwarded port on the router, a public IP)."""
 
     def to_toml(self) -> dict[str, object]:
         return {
@@ -60,6 +62,7 @@ class NodeConfig:
                 "listen": list(self.listen),
                 "bootstrap": list(self.bootstrap),
                 "metrics_port": self.metrics_port,
+                "announce": list(self.announce),
             }
         }
 
@@ -72,9 +75,10 @@ class NodeConfig:
             listen = tuple(str(a) for a in section.get("listen", DEFAULT_LISTEN))
             bootstrap = tuple(str(a) for a in section.get("bootstrap", ()))
             metrics_port = int(section.get("metrics_port", 0))
+            announce = tuple(str(a) for a in section.get("announce", ()))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc
-        return cls(listen=listen, bootstrap=bootstrap, metrics_port=metrics_port)
+        return cls(listen=listen, bootstrap=bootstrap, metrics_port=metrics_port, announce=announce)
 
 
 @dataclass(frozen=True, slots=True)

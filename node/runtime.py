@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -54,7 +55,9 @@ from swarm.net import (
     serve,
     stream_protocol,
 )
+from swarm.net.paths import relayed_connection
 from swarm.net.records import wall_clock_ms
+from swarm.net.relay import RELAY_LIMITS
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +86,11 @@ class RuntimeConfig:
     capabilities: dict[str, Any] = field(default_factory=dict)
     connect_found_peers: bool = True
     """Dial the run's peers found in the DHT (tests of fixed topologies turn this off)."""
+    announce: Sequence[str] = ()
+    """Addresses advertised before our listen addresses (``config.toml [node] announce``)."""
+    relays_wanted: int = 2
+    """Relay reservations a node that is not publicly reachable holds (bootstrap peers)."""
+    recheck_reachability_s: float = 600.0
 
     def check(self) -> None:
         """Refuse bad input before any network use (``ConfigError`` / ``NotAuthorizedError``)."""
@@ -90,6 +98,8 @@ class RuntimeConfig:
             parse_multiaddr(addr)
         for addr in self.bootstrap:
             parse_peer_addr(addr)
+        for addr in self.announce:
+            parse_multiaddr(addr)
         g = self.genesis.message
         authorize(self.role, self.key.peer_id, g.trainers, g.validators)
 
@@ -131,6 +141,8 @@ class Node:
         self.status_extras: dict[str, Callable[[], Any]] = {}
         """Sections that roles add to ``status()`` (name -> a function returning plain data)."""
         self._nursery: trio.Nursery | None = None
+        self._relayed_spent: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        """Bulk bytes pulled per relayed connection, see ``relayed_bytes_left``."""
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -150,7 +162,10 @@ class Node:
                 stack.enter_context(config.home.lock())
             overlay = await stack.enter_async_context(
                 Overlay.start(
-                    config.key, OverlayConfig(listen=config.listen, heartbeat=config.heartbeat)
+                    config.key,
+                    OverlayConfig(
+                        listen=config.listen, heartbeat=config.heartbeat, announce=config.announce
+                    ),
                 )
             )
             node = cls(config, overlay)
@@ -183,6 +198,13 @@ class Node:
             for addr, why in report.failures.items():
                 log.warning("bootstrap peer %s not reached: %s", addr, why)
             nursery.start_soon(self._check_reachability)
+            if self.overlay.relay is not None:
+                nursery.start_soon(
+                    self.overlay.relay.maintain,
+                    lambda: self.config.bootstrap,
+                    self._relays_wanted,
+                    self._addrs_changed,
+                )
         await self.membership.publish()
         nursery.start_soon(self.membership.run)
         if self.config.connect_found_peers:
@@ -210,16 +232,40 @@ class Node:
             except Exception:
                 log.exception("ledger handler failed")
 
+    def _bootstrap_peer_ids(self) -> list[str]:
+        return [a.rsplit("/p2p/", 1)[1] for a in self.config.bootstrap if "/p2p/" in a]
+
     async def _check_reachability(self) -> None:
-        with trio.move_on_after(30):
-            status = await self.overlay.check_reachability()
-            log.info("AutoNAT reachability: %s", status)
+        """Ask the bootstrap peers to dial us back now and then (sooner while unknown)."""
+        while True:
+            servers = [p for p in self._bootstrap_peer_ids() if self.overlay.connected(p)]
+            with trio.move_on_after(60):
+                reach = await self.overlay.check_reachability(servers)
+                log.info("reachability: %s (%s)", reach.status, reach.reason)
+                if reach.status == "private" and self.config.announce:
+                    log.warning(
+                        "announce address %s is not reachable (%s); peers will reach us"
+                        " through relays: fix [node] announce or forward the port",
+                        ", ".join(self.config.announce),
+                        reach.reason,
+                    )
+            unknown = self.overlay.reach.status == "unknown"
+            await trio.sleep(30.0 if unknown else self.config.recheck_reachability_s)
+
+    def _relays_wanted(self) -> int:
+        """Reservations to hold: ``relays_wanted`` once the dial-back said "private", else
+        none (a public node needs none; "unknown" means no bootstrap peer answered, and those
+        are our relays too)."""
+        return self.config.relays_wanted if self.overlay.reach.status == "private" else 0
+
+    async def _addrs_changed(self) -> None:
+        """Our relayed addresses changed: republish our advert so peers dial the new ones."""
+        log.info("our addresses are now %s", ", ".join(self.overlay.addrs()))
+        await self.membership.publish()
 
     async def _connect_found_peers(self) -> None:
         """Connect to the run's peers found in the DHT, so the gossip mesh does not depend on
         the bootstrap peers alone (bounded: at most MAX_GOSSIP_PEERS connections we start)."""
-        from swarm.net.dial import dial_once
-
         while True:
             await self.membership.found.wait()
             self.membership.found = trio.Event()
@@ -228,14 +274,24 @@ class Node:
                 for peer in peers:
                     if peer in connected or len(connected) >= MAX_GOSSIP_PEERS:
                         continue
-                    advert = self.membership.advert_of(peer)
-                    for addr in advert.message.addrs if advert else ():
-                        try:
-                            if await dial_once(self.overlay.host, addr, 5.0) is None:
-                                connected.add(peer)
-                                break
-                        except ConfigError:
-                            continue
+                    if await self.connect_peer(peer) is None:
+                        connected.add(peer)
+
+    async def connect_peer(self, peer_id: str) -> str | None:
+        """Connect to a run peer at its advertised addresses, circuits included, unless
+        connected; ``None`` on success, else why not (``Overlay.connect``). When every
+        address fails, the advert is looked up again once: the peer may have moved to
+        another relay since."""
+        advert = self.membership.advert_of(peer_id)
+        if advert is None:
+            return None if self.overlay.connected(peer_id) else "no advert known"
+        why = await self.overlay.connect(peer_id, advert.message.addrs)
+        if why is None:
+            return None
+        newer = await self.membership.refresh_advert(peer_id)
+        if newer is None or newer.message.addrs == advert.message.addrs:
+            return why
+        return await self.overlay.connect(peer_id, newer.message.addrs)
 
     # -- what roles use -----------------------------------------------------------------------
 
@@ -286,7 +342,13 @@ class Node:
     async def request(
         self, peer_id: str, name: str, payload: bytes, limits: StreamLimits = DEFAULT_LIMITS
     ) -> bytes:
-        """One request on ``/swarm-node/<run>/<name>/1`` (size limits and a deadline)."""
+        """One request on ``/swarm-node/<run>/<name>/1`` (size limits and a deadline). A peer
+        we hold no connection to is dialed at its advertised addresses first: the swarm
+        cannot dial its relayed (``/p2p-circuit``) ones by itself."""
+        if not self.overlay.connected(peer_id) and self.membership.advert_of(peer_id):
+            why = await self.connect_peer(peer_id)
+            if why is not None:
+                log.debug("connecting to %s failed: %s", peer_id[-8:], why)
         return await request(
             self.overlay.host, peer_id, stream_protocol(self.run_id, name), payload, limits
         )
@@ -294,6 +356,24 @@ class Node:
     def direct_path(self, peer_id: str) -> DirectPath | None:
         """Both IP addresses of our direct connection to ``peer_id`` (None: none, or relayed)."""
         return self.overlay.direct_path(peer_id)
+
+    def relayed_bytes_left(self, peer_id: str) -> int | None:
+        """Bulk bytes we may still pull from ``peer_id`` over its relayed connection (``None``:
+        we have a direct one, or none). The cap is 3/4 of the relay's per-circuit limit, so
+        control traffic never pushes a circuit over it (``RELAY_LIMITS`` when the peer's relay
+        is not one of ours and its limit unknown)."""
+        conn = relayed_connection(self.overlay.host, peer_id)
+        if conn is None:
+            return None
+        limit = (self.overlay.relay.relayed_budget() if self.overlay.relay else 0) or (
+            RELAY_LIMITS.data
+        )
+        return max(0, limit * 3 // 4 - self._relayed_spent.get(conn, 0))
+
+    def spend_relayed(self, peer_id: str, nbytes: int) -> None:
+        conn = relayed_connection(self.overlay.host, peer_id)
+        if conn is not None:
+            self._relayed_spent[conn] = self._relayed_spent.get(conn, 0) + nbytes
 
     async def forget_peer(self, peer_id: str) -> None:
         """Make the next request to ``peer_id`` dial afresh (``Overlay.forget_peer``)."""
@@ -313,6 +393,8 @@ class Node:
             "connected_peers": len(self.overlay.connected_peers()),
             "bootstrap_connected": self.bootstrap_connected,
             "reachability": self.overlay.reachability(),
+            "reachability_detail": self.overlay.reach.as_dict(),
+            "relay": self.overlay.relay.status() if self.overlay.relay else None,
             "policy_version": None if newest is None else newest.message.version,
             "policy_manifest": None if newest is None else newest.message.manifest_id.hex(),
             "uptime_s": round(time.monotonic() - self.started_at, 3),

@@ -148,9 +148,11 @@ class ShardcastService:
         *,
         config: FetchConfig | None = None,
         on_progress: ProgressCallback | None = None,
+        only: Sequence[str] = (),
     ) -> FetchResult:
-        """Fetch ``version`` (default: the newest any provider holds), then advertise it."""
-        peers = await self.providers(version)
+        """Fetch ``version`` (default: the newest any provider holds), then advertise it.
+        ``only``: fetch from these peers and no others (``shardcast fetch --from``)."""
+        peers = list(only) or await self.providers(version)
         if not peers:
             raise PeerError(
                 "no provider of the policy is known yet: no trainer or connected peer;"
@@ -161,7 +163,7 @@ class ShardcastService:
             manifest: Signed[ShardManifest] = await fetch_manifest(
                 source, peers, self.genesis, version
             )
-            if version is None:
+            if version is None and not only:
                 peers = await self.providers(manifest.message.version)
 
             def progress(p: FetchProgress) -> None:
@@ -180,11 +182,19 @@ class ShardcastService:
             )
         finally:
             source.close()
-            self._count_paths(source, version)
+            self._count_paths(source, version, peers)
         await self.advertise(manifest.message.version)
         return result
 
-    def _count_paths(self, source: StreamShardSource, version: int | None) -> None:
+    def path_to(self, peer: str) -> str:
+        """ "direct", "relayed" (only a circuit through a relay) or "none" (not connected)."""
+        if self.node.direct_path(peer) is not None:
+            return "direct"
+        return "relayed" if self.node.overlay.connected(peer) else "none"
+
+    def _count_paths(
+        self, source: StreamShardSource, version: int | None, peers: Sequence[str] = ()
+    ) -> None:
         """Say which path the download's shards took (status and the log)."""
         self.paths["data_channel"] += source.channel_pulls
         self.paths["stream"] += source.stream_pulls
@@ -194,6 +204,7 @@ class ShardcastService:
             "data_channel_shards": source.channel_pulls,
             "stream_shards": source.stream_pulls,
             "refused_offers": source.refused_offers,
+            "peer_paths": {p: self.path_to(p) for p in peers},
         }
         if source.channel_pulls or source.stream_pulls:
             log.info(

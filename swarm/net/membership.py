@@ -155,6 +155,19 @@ class Membership:
             out[signed.message.role].append(peer)
         return {role: sorted(peers) for role, peers in out.items()}
 
+    async def refresh_advert(self, peer_id: str) -> Signed[RoleAdvert] | None:
+        """Look ``peer_id``'s advert up again now (its addresses may have changed: a new relay),
+        keeping it when newer; returns what we hold."""
+        known = self._peers.get(peer_id)
+        signed = await self.overlay.get_advert(self.run_id, peer_id)
+        if (
+            signed is not None
+            and (known is None or known.message.issued_at < signed.message.issued_at)
+            and self._accept(signed.message.role, signed)
+        ):
+            self._peers[peer_id] = signed
+        return self._peers.get(peer_id)
+
     def advert_of(self, peer_id: str) -> Signed[RoleAdvert] | None:
         return self._peers.get(peer_id)
 

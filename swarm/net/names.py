@@ -94,3 +94,7 @@ def stream_protocol(run_id: str, name: str, version: int = 1) -> str:
     if not _STREAM_NAME.match(name):
         raise ConfigError(f"{name!r} is not a stream protocol name (lowercase, digits, '-')")
     return f"/{NAMESPACE}/{check_run_id(run_id)}/{name}/{version}"
+
+
+DIALBACK_PROTOCOL: Final = f"/{NAMESPACE}/dialback/1"
+"""Reachability by dial-back (``swarm.net.reach``): run-independent, served by bootstrap peers."""

@@ -1,4 +1,4 @@
-"""The libp2p overlay of one node: host, Kademlia DHT, GossipSub, AutoNAT, with our validators.
+"""The libp2p overlay of one node: host, Kademlia DHT, GossipSub, relays, with our validators.
 
 ``Overlay.start`` is an async context manager; leaving it (normally, by error or by
 cancellation) stops every service and closes every connection. Nothing here knows about roles
@@ -9,8 +9,14 @@ py-libp2p choices made here, each for a reason:
   heartbeat to 30-60 s when the mesh looks unhealthy), StrictSign on;
 - the DHT in server mode when reachable, with ``RoleAdvertValidator`` on the ``swarm-node``
   namespace and strict validation (records in namespaces nobody validates are refused);
-- AutoNAT served by every node; a node asks its bootstrap peers whether it is reachable and
-  moves its DHT to client mode when they say it is not.
+- reachability by dial-back (``swarm.net.reach``, not py-libp2p's AutoNAT, which answered
+  "public" for closed ports and NATed hosts): the DHT moves to client mode when nobody could
+  dial us back, and back to server mode when somebody could;
+- circuit relay v2 (``swarm.net.relay``): every node accepts circuits and runs DCUtR; bootstrap
+  peers relay (``relay_hop``) and answer dial-backs (``dialback_server``); our relayed
+  addresses join ``addrs()`` (and so our RoleAdvert) while we hold reservations;
+- ``connect``: a peer's direct addresses first (short timeout each), then its circuits, which
+  the swarm cannot dial by itself.
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
-from libp2p.host.autonat.autonat import AutoNATService, AutoNATStatus
 from libp2p.host.ping import PingService
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.peer.id import ID
@@ -38,7 +43,7 @@ from libp2p.tools.anyio_service.context import background_trio_service
 from swarm.errors import NetworkError, SwarmError
 from swarm.identity import NodeKey
 from swarm.messages import RoleAdvert, Signed
-from swarm.net.dial import DialPolicy, DialReport, dial_bootstrap
+from swarm.net.dial import DialPolicy, DialReport, dial_bootstrap, dial_once
 from swarm.net.host import (
     HostLimits,
     build_host,
@@ -49,7 +54,9 @@ from swarm.net.host import (
 )
 from swarm.net.names import NAMESPACE, advert_key
 from swarm.net.paths import DirectPath, direct_path
+from swarm.net.reach import DialbackServer, Reachability, check_reachability, tcp_ports
 from swarm.net.records import Clock, RoleAdvertValidator, check_advert, wall_clock_ms
+from swarm.net.relay import RelayClient, RelayHop, is_circuit
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +78,12 @@ class OverlayConfig:
     limits: HostLimits | None = None
     clock: Clock = wall_clock_ms
     gossip_degree: tuple[int, int, int] = (6, 4, 12)
+    relay_hop: bool = False
+    """Relay circuits for others (bootstrap peers)."""
+    dialback_server: bool = False
+    """Answer dial-back requests (bootstrap peers)."""
+    announce: Sequence[str] = ()
+    """Addresses to advertise before our listen addresses (a forwarded port, a public IP)."""
 
 
 def _bind_error(listen: str) -> str | None:
@@ -123,8 +136,11 @@ class Overlay:
             eclipse_protection_enabled=False,
         )
         self.pubsub: Any = Pubsub(self.host, self.gossipsub, strict_signing=True)
-        self.autonat: Any = AutoNATService(self.host, serve=True)
         self.ping: Any = PingService(self.host)
+        self.reach = Reachability()
+        self.relay: RelayClient | None = None
+        self.relay_hop: RelayHop | None = None
+        self.dialback: DialbackServer | None = None
         self._subscriptions: dict[str, Any] = {}
 
     @classmethod
@@ -152,6 +168,13 @@ class Overlay:
                 raise NetworkError(
                     f"cannot listen on {reasons or ', '.join(overlay.config.listen)}; pick another"
                     " --listen port (or /tcp/0 for any free one)"
+                )
+            overlay.relay = await stack.enter_async_context(RelayClient.start(overlay.host))
+            if overlay.config.relay_hop:
+                overlay.relay_hop = await stack.enter_async_context(RelayHop.start(overlay.host))
+            if overlay.config.dialback_server:
+                overlay.dialback = await stack.enter_async_context(
+                    DialbackServer.start(overlay.host)
                 )
             await stack.enter_async_context(background_trio_service(overlay.pubsub))
             await stack.enter_async_context(background_trio_service(overlay.gossipsub))
@@ -219,7 +242,20 @@ class Overlay:
         return self.key.peer_id
 
     def addrs(self) -> list[str]:
-        """Dialable addresses, each with ``/p2p/<peer id>``."""
+        """Dialable addresses, each with ``/p2p/<peer id>``: announced ones, our listen
+        addresses, then our relayed (``/p2p-circuit``) ones."""
+        announced = [
+            a if "/p2p/" in a else f"{a}/p2p/{self.peer_id}" for a in self.usable_announce()
+        ]
+        relayed = self.relay.circuit_addrs() if self.relay is not None else []
+        return list(dict.fromkeys([*announced, *full_addrs(self.host), *relayed]))
+
+    def usable_announce(self) -> list[str]:
+        """Our announce addresses less those a dial-back found closed."""
+        failed = self.reach.failed_ports()
+        return [a for a in self.config.announce if not set(tcp_ports([a])) & failed]
+
+    def listen_addrs(self) -> list[str]:
         return full_addrs(self.host)
 
     def connected_peers(self) -> list[str]:
@@ -231,10 +267,37 @@ class Overlay:
         return direct_path(self.host, peer_id)
 
     def reachability(self) -> str:
-        status = self.autonat.get_status()
-        return {AutoNATStatus.PUBLIC: "public", AutoNATStatus.PRIVATE: "private"}.get(
-            status, "unknown"
+        """ "public", "private" or "unknown" (``reach.reason`` says why)."""
+        return self.reach.status
+
+    async def check_reachability(self, servers: Sequence[str]) -> Reachability:
+        """Ask ``servers`` (connected peer IDs, normally our bootstrap peers) to dial us back
+        on a fresh connection; the DHT follows the verdict: client mode when private, server
+        mode when public (unknown changes nothing)."""
+        self.reach = await check_reachability(
+            self.host, servers, self.listen_addrs(), self.config.announce
         )
+        for addr in self.config.announce:
+            if addr not in self.usable_announce():
+                log.warning(
+                    "announce address %s is not reachable: the dial-back to its port failed"
+                    " (%s); it is left out of our advert until a later check reaches it",
+                    addr,
+                    self.reach.reason,
+                )
+        if self.reach.status == "private" and self.dht.mode == DHTMode.SERVER:
+            log.warning(
+                "not reachable from outside (%s); the DHT moves to client mode",
+                self.reach.reason,
+            )
+            await self.dht.switch_mode(DHTMode.CLIENT)
+        elif (
+            self.reach.status == "public"
+            and self.dht.mode != DHTMode.SERVER
+            and self.config.dht_server
+        ):
+            await self.dht.switch_mode(DHTMode.SERVER)
+        return self.reach
 
     async def dial(self, addrs: Sequence[str], policy: DialPolicy = DEFAULT_DIAL) -> DialReport:
         """Dial bootstrap peers (see ``dial_bootstrap``) and seed the DHT's routing table."""
@@ -246,19 +309,36 @@ class Overlay:
             await self.dht.refresh_routing_table()
         return report
 
-    async def check_reachability(self) -> str:
-        """Ask connected peers (AutoNAT) whether we are dialable; on "private", move the DHT to
-        client mode so that peers stop routing queries to a node they cannot reach."""
-        peers = list(self.host.get_connected_peers())
-        if peers:
+    def connected(self, peer_id: str) -> bool:
+        try:
+            return bool(self.host.get_network().connections.get(check_peer_id(peer_id)))
+        except SwarmError:
+            return False
+
+    async def connect(self, peer_id: str, addrs: Sequence[str], timeout: float = 3.0) -> str | None:
+        """Connect to ``peer_id`` at one of ``addrs`` unless connected: direct addresses
+        first, then circuits through their relays. ``None`` when connected, else why not
+        (every address's reason)."""
+        if self.connected(peer_id):
+            return None
+        whys: list[str] = []
+        ordered = sorted(addrs, key=is_circuit)  # direct ones first
+        for addr in ordered:
+            if not addr.endswith(f"/p2p/{peer_id}"):
+                continue
             try:
-                await self.autonat.check_reachability(peers)
-            except Exception as exc:
-                log.debug("AutoNAT check failed: %s", exc)
-        if self.reachability() == "private" and self.dht.mode == DHTMode.SERVER:
-            log.warning("AutoNAT: peers cannot dial us back; DHT moves to client mode")
-            await self.dht.switch_mode(DHTMode.CLIENT)
-        return self.reachability()
+                if is_circuit(addr):
+                    if self.relay is None:
+                        continue
+                    await self.relay.dial_circuit(addr, timeout=3 * timeout)
+                    return None
+                why = await dial_once(self.host, addr, timeout)
+            except SwarmError as exc:
+                why = str(exc)
+            if why is None:
+                return None
+            whys.append(f"{addr}: {why}")
+        return "; ".join(whys) or "no address to dial"
 
     # -- DHT ------------------------------------------------------------------------------------
 

@@ -101,3 +101,19 @@ def same_ip(a: str, b: str) -> bool:
         return _plain_ip(a) == _plain_ip(b)
     except ValueError:
         return False
+
+
+def relayed_connection(host: Any, peer_id: str) -> Any | None:
+    """Our relayed connection to ``peer_id`` when we have no direct one (else ``None``)."""
+    try:
+        peer = check_peer_id(peer_id)
+        conns = [
+            c
+            for c in host.get_network().connections.get(peer, [])
+            if not getattr(c, "is_closed", False)
+        ]
+    except (SwarmError, AttributeError):
+        return None
+    if not conns or any(path_of(c) is not None for c in conns):
+        return None
+    return next((c for c in conns if _relayed(c)), None)

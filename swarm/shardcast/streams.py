@@ -18,6 +18,12 @@ could aim us at a third host):
   peer, at the offered port; an offer naming any other host is refused (``refused_offers``),
   logged, and the shard comes over streams.
 
+Relays (circuit relay v2) cap the bytes of each circuit, and a circuit past its cap is reset.
+Over a relayed-only connection, shard bytes go over streams only while the endpoint's
+``relayed_bytes_left`` allows (the node keeps the count per relayed connection, below the
+relay's limit); past that a pull fails at once with ``RelayBudgetSpent``, so the fetch takes the
+shard from other holders (trainers and direct peers) and never runs a relay into its limit.
+
 The node side is reached through ``StreamEndpoint`` (``handle``/``request``, what
 ``node.runtime.Node`` offers), so this module never imports the runtime.
 """
@@ -145,6 +151,10 @@ def _translate(exc: PeerError) -> PeerError:
     return exc
 
 
+class RelayBudgetSpent(PeerError):
+    """The peer is reached only through a relay, and this shard would pass our byte cap."""
+
+
 class StreamShardSource:
     """A ``ShardSource`` over a node's libp2p streams, with data channels when offered."""
 
@@ -156,6 +166,7 @@ class StreamShardSource:
         self.stream_pulls = 0
         self.channel_pulls = 0
         self.refused_offers = 0
+        self.relay_refusals = 0
 
     async def _ask(self, peer: str, name: str, body: bytes, limits: StreamLimits) -> bytes:
         try:
@@ -210,8 +221,26 @@ class StreamShardSource:
                 if sink.received:  # bytes came, then the channel broke: a real failure
                     raise
                 self._no_channel.add(peer)  # no channel to this peer: streams from now on
-        await self._pull_stream(peer, version, index, sink)
+        left = self._relayed_bytes_left(peer)
+        wanted = sink.length - sink.received
+        if left is not None and wanted > left:
+            self.relay_refusals += 1
+            raise RelayBudgetSpent(
+                f"{peer} is reached only through a relay and {left} bytes are left of our cap"
+                f" on that circuit (this shard needs {wanted}); fetching it from other holders"
+            )
+        before = sink.received
+        try:
+            await self._pull_stream(peer, version, index, sink)
+        finally:
+            if left is not None:
+                self.endpoint.spend_relayed(peer, sink.received - before)  # type: ignore[attr-defined]
         self.stream_pulls += 1
+
+    def _relayed_bytes_left(self, peer: str) -> int | None:
+        """``None``: no relay cap applies (a direct connection, or an endpoint without one)."""
+        left = getattr(self.endpoint, "relayed_bytes_left", None)
+        return None if left is None else left(peer)
 
     async def _pull_stream(self, peer: str, version: int, index: int, sink: ShardSink) -> None:
         while sink.received < sink.length:
