@@ -35,6 +35,7 @@ from node.web.queries import LedgerQueries
 from swarm.errors import SwarmError
 from swarm.evidence import address_of
 from swarm.messages import (
+    Message,
     PolicyAnnouncement,
     RolloutSubmission,
     RunGenesis,
@@ -47,7 +48,7 @@ from swarm.net import StreamLimits, request, stream_protocol
 from swarm.net.names import EVIDENCE
 
 log = logging.getLogger(__name__)
-M = TypeVar("M")
+M = TypeVar("M", bound=Message)
 
 MAX_VERSIONS_KEPT = 100_000
 HOLDER_VERSIONS = 8
