@@ -193,8 +193,8 @@ def test_slashes_carry_reasons_and_a_bundle_that_audit_reads(client: TestClient)
     assert missing.status_code == 404 and "evidence" in missing.json()["error"]
 
 
-def test_disputes_list_is_there_and_empty_until_the_ledger_has_disputes(client: TestClient) -> None:
-    assert get(client, "/api/v1/disputes") == {"items": [], "next_cursor": None, "supported": False}
+def test_disputes_list_is_there_and_empty_without_disputes(client: TestClient) -> None:
+    assert get(client, "/api/v1/disputes") == {"items": [], "next_cursor": None, "supported": True}
 
 
 def test_peer_text_with_html_comes_back_as_inert_json_data(client: TestClient) -> None:
