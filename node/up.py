@@ -238,8 +238,19 @@ class LocalSwarm:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
+    def cheater_judged(self) -> bool:
+        """Whether the cheater (if any) has had a submission judged. The demo is there to show
+        a cheater caught: with few versions a slow start could stop the run before its first
+        verdict, so reaching the version target waits for it (the time limit still holds)."""
+        for proc in self.procs:
+            if proc.name == "cheater":
+                worker = proc.status.get("role_status", {}).get("worker", {})
+                if int(worker.get("submitted", 0)) < 1:
+                    return False
+        return True
+
     def finished(self) -> str | None:
-        if self.version() >= self.config.versions:
+        if self.version() >= self.config.versions and self.cheater_judged():
             return f"reached {self.config.versions} versions"
         if self.elapsed() >= self.config.minutes * 60:
             return f"time limit of {self.config.minutes:g} minutes"
