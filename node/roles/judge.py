@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from node.compute.engine import Engine
-from node.compute.grpo import Group
+from node.compute.groups import Group
 from node.model import tokenizer
 from node.rl.rollout import sample_index, score
 from node.tasks.suite import TaskSuite

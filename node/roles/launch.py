@@ -77,6 +77,8 @@ class RoleHandle:
                 "rollbacks": t.stats.rollbacks,
                 "published_at": t.stats.published_at,
             }
+            if t.stats.group is not None:
+                out["trainer"]["group"] = vars(t.stats.group)
         return out
 
 
@@ -109,13 +111,14 @@ async def launch(
             await nursery.start(feed.run)
             nursery.start_soon(replica.run)
             if node.role == "trainer":
-                if torch_threads is not None:
-                    import torch
-
-                    # Small models train fastest on one thread, and a busy box has no spare core.
-                    torch.set_num_threads(torch_threads)
+                # Small models train fastest on one thread, and a busy box has no spare core.
                 handle.trainer = Trainer(
-                    node, feed, run_dir, model_dir=model_dir, max_versions=max_versions
+                    node,
+                    feed,
+                    run_dir,
+                    model_dir=model_dir,
+                    max_versions=max_versions,
+                    threads=torch_threads,
                 )
                 nursery.start_soon(handle.trainer.run)
             elif node.role == "validator":
@@ -129,6 +132,8 @@ async def launch(
             yield handle
             nursery.cancel_scope.cancel()
     finally:
+        if handle.trainer is not None:
+            handle.trainer.close()
         if engine is not None:
             engine.close()
         ledger.close()

@@ -10,8 +10,10 @@ verdict): both signed, so a trainer trusts neither this node nor the wire.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,12 @@ SAMPLES_LIMITS = StreamLimits(
     max_response=1024,
     timeout=30.0,
 )
+
+
+def trainer_order(submission_id: bytes, trainers: Collection[str]) -> list[str]:
+    """Rendezvous hashing: the trainers in the order a submission is offered to them. Every
+    validator computes the same order, and a trainer's death moves only its own share."""
+    return sorted(trainers, key=lambda t: hashlib.sha256(submission_id + t.encode()).digest())
 
 
 @dataclass
@@ -138,7 +146,8 @@ class Validator:
             )
             if judgement.accepted:
                 # In the outbox before any await: a kill after this point loses nothing.
-                self.ledger.queue_handoff(submission.id, self.node.config.genesis.message.trainers)
+                trainers = trainer_order(submission.id, self.node.config.genesis.message.trainers)
+                self.ledger.queue_handoff(submission.id, trainers[:1])
         self._count(judgement)
         await self._publish(recorded.verdict, recorded.events)
         if judgement.accepted:
@@ -190,10 +199,15 @@ class Validator:
         backoff = RETRY_FIRST_S
         while True:
             pending = self.ledger.pending_handoffs()
-            away: set[str] = set()  # trainers unreachable this round: skip the rest of theirs
+            away: set[str] = set()  # trainers with no stream this round: the next one takes
+            slow: set[str] = set()  # trainers that timed out: asked again next round only
             failed = False
-            for submission_id, trainer in pending:
-                if trainer in away:
+            for submission_id, row_trainer in pending:
+                # Each submission goes to one trainer (each sample trains once): the first of
+                # its rendezvous order that is not found down this round.
+                order = trainer_order(submission_id, self.node.config.genesis.message.trainers)
+                trainer = next((t for t in order if t not in away), None)
+                if trainer is None or trainer in slow:
                     continue
                 raws = self.ledger.evidence(submission_id, "submission")
                 verdicts = self.ledger.evidence(submission_id, "verdict")
@@ -203,21 +217,26 @@ class Validator:
                 except SwarmError as exc:
                     failed = True
                     unreachable = type(exc) is NetworkError or isinstance(exc, RequestTimeout)
-                    if unreachable:
+                    if type(exc) is NetworkError:
+                        # No stream at all: the work was not handed, so the next trainer in
+                        # its order may take it. (After a timeout the trainer may hold it:
+                        # that one is asked again, never a second trainer.)
+                        away.add(trainer)
+                    elif unreachable:
                         # One attempt (and one log line) per trainer per round, not one per
                         # waiting submission; a refusal of one item does not hold up the rest.
-                        away.add(trainer)
+                        slow.add(trainer)
                     log.warning(
                         "trainer %s did not take accepted work (%d waiting; retry in %.0f s): %s",
                         trainer[-8:],
-                        sum(1 for _, t in pending if t == trainer),
+                        len(pending),
                         backoff,
                         exc,
                     )
                     if type(exc) is NetworkError:  # no stream at all, not a refusal or timeout
                         await self.node.forget_peer(trainer)
                     continue
-                self.ledger.mark_handed(submission_id, trainer)
+                self.ledger.mark_handed(submission_id, row_trainer)
             if failed:
                 await trio.sleep(backoff)  # retry later: the outbox keeps the work
                 backoff = min(backoff * 2, RETRY_MAX_S)
