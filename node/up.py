@@ -84,6 +84,8 @@ class UpConfig:
     with_cheater: bool = True
     cheat: str = "edit-token"
     params: RunParams = DEMO_PARAMS
+    trainers: int = 1
+    """Trainer processes (named trainer, trainer-2, ...); more than one average through hivemind."""
 
 
 def _gains(rewards: list[float], window: int = 5) -> dict[str, float | None]:
@@ -118,7 +120,9 @@ class LocalSwarm:
             )
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         homes = self.out / "homes"
-        names = [("bootstrap", "bootstrap"), ("trainer", "trainer"), ("validator", "validator")]
+        names = [("bootstrap", "bootstrap"), ("trainer", "trainer")]
+        names += [(f"trainer-{i}", "trainer") for i in range(2, self.config.trainers + 1)]
+        names.append(("validator", "validator"))
         names += [(f"worker-{i}", "inference") for i in range(self.config.workers)]
         if self.config.with_cheater:
             names.append(("cheater", "inference"))
@@ -134,7 +138,7 @@ class LocalSwarm:
         genesis = create_genesis(
             owner,
             name="local demo",
-            trainers=[self.proc("trainer").peer_id],
+            trainers=[p.peer_id for p in self.procs if p.role == "trainer"],
             validators=[self.proc("validator").peer_id],
             params=self.config.params,
         )
@@ -216,7 +220,15 @@ class LocalSwarm:
         return sorted((int(v), float(r)) for v, r in rewards.items())
 
     def version(self) -> int:
-        return int(self.trainer_status().get("version", 0))
+        """The newest version any live trainer reports."""
+        return max(
+            (
+                int(p.status.get("role_status", {}).get("trainer", {}).get("version", 0))
+                for p in self.procs
+                if p.role == "trainer" and p.alive
+            ),
+            default=0,
+        )
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started

@@ -10,7 +10,9 @@ Decisions this module owns:
 - **Liveness** (``live``): each child stores a heartbeat under ``<prefix>/live`` (subkey: its
   swarm peer id, value: its policy version) every ``HEARTBEAT_S``, expiring after ``LIVE_S``; a
   trainer killed with -9 drops out of the live set within ``LIVE_S``.
-- **Rounds** (``average``): one round per policy version. A trainer that has samples stores a
+- **Rounds** (``average``): one round per policy version, in groups of at least two (a lone
+  live trainer steps without the averager; a round whose peer died fails after
+  ``AVERAGING_TIMEOUT_S`` and is retried once the dead peer has left the live set). A trainer that has samples stores a
   want record under ``<prefix>/want/<version>`` and calls the averager; an idle trainer that sees
   a want for its version joins with weight 0 (``wanted``). The gradient is averaged weighted by
   sample count, so the group's step equals one trainer's step on the union of the samples. Every
@@ -40,6 +42,7 @@ from typing import Any
 import hivemind
 import torch
 from hivemind.averaging.averager import DecentralizedAverager
+from hivemind.utils import get_dht_time
 
 from node.compute.groups import RoundFailed
 
@@ -97,7 +100,7 @@ class TrainerGroup:
             prefix=f"{self.prefix}/grads",
             start=True,
             target_group_size=trainers,
-            min_group_size=1,
+            min_group_size=2,
             min_matchmaking_time=MATCHMAKING_S,
             request_timeout=0.5,
             part_size_bytes=4 << 20,
@@ -130,7 +133,7 @@ class TrainerGroup:
                 self.dht.store(
                     f"{self.prefix}/live",
                     self.version,
-                    hivemind.get_dht_time() + LIVE_S,
+                    get_dht_time() + LIVE_S,
                     subkey=self.peer,
                 )
             except Exception as exc:  # the DHT is shutting down or busy: try again
@@ -141,7 +144,7 @@ class TrainerGroup:
         found = self.dht.get(key, latest=True)
         if found is None or not isinstance(found.value, dict):
             return {}
-        now = hivemind.get_dht_time()
+        now = get_dht_time()
         return {str(k): v.value for k, v in found.value.items() if v.expiration_time > now}
 
     def live(self) -> dict[str, int]:
@@ -158,7 +161,7 @@ class TrainerGroup:
     def record_round(self, version: int, members: list[str]) -> None:
         """Say (for a day) whose samples went into the published version ``version + 1``: a
         trainer that died after the round asks this on restart, so its samples train once."""
-        self.dht.store(f"{self.prefix}/done/{version}", members, hivemind.get_dht_time() + DONE_S)
+        self.dht.store(f"{self.prefix}/done/{version}", members, get_dht_time() + DONE_S)
 
     def round_members(self, version: int) -> list[str] | None:
         found = self.dht.get(f"{self.prefix}/done/{version}", latest=True)
@@ -169,7 +172,13 @@ class TrainerGroup:
         self.version = version
         started = time.perf_counter()
         want = f"{self.prefix}/want/{version}"
-        self.dht.store(want, True, hivemind.get_dht_time() + WANT_S, subkey=self.peer)
+        self.dht.store(want, True, get_dht_time() + WANT_S, subkey=self.peer)
+        if set(self.live()) == {self.peer}:
+            # Alone: nothing to average with (a peer that died has left the live set).
+            result = RoundResult([self.peer], samples, self.peer)
+            self.stats.samples_contributed += samples
+            self.stats.last_members, self.stats.last_publisher = [self.peer], self.peer
+            return result
         with self.averager.get_tensors() as tensors:
             for t, g in zip(tensors, grads, strict=True):
                 t.copy_(g)
@@ -210,7 +219,7 @@ class TrainerGroup:
                 self.dht.store(
                     f"{self.prefix}/void/{version}",
                     True,
-                    hivemind.get_dht_time() + WANT_S,
+                    get_dht_time() + WANT_S,
                     subkey=self.peer,
                 )
                 result.void = True

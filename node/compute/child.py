@@ -18,7 +18,6 @@ thread finishes the request, its result is dropped).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import struct
@@ -111,9 +110,10 @@ def prefill_from_wire(obj: Any) -> Prefill:
 class FramedChild:
     """A ``python -m <module>`` child speaking the frame protocol above on its stdin/stdout.
 
-    The child leads its own process group (``start_new_session``) and gets SIGKILL when this
-    process dies (``PR_SET_PDEATHSIG``); ``close`` kills the whole group, so helpers the child
-    forked (hivemind's p2pd and averager) go with it.
+    The child leads its own process group (``start_new_session``) and ends when its stdin closes
+    (this process died); ``close`` kills the whole group, so helpers the child forked
+    (hivemind's p2pd and averager) go with it. No ``PR_SET_PDEATHSIG`` here: children are
+    started from worker threads, and the signal fires when the *thread* that forked ends.
     """
 
     module = "node.compute.child"
@@ -121,6 +121,8 @@ class FramedChild:
 
     _proc: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = None
+    log_path: Path | None = None
+    """Where the child's stderr goes (appended); a temporary file when None."""
 
     def _lock_init(self) -> None:
         self._lock = threading.Lock()
@@ -130,7 +132,10 @@ class FramedChild:
         return self._proc.pid if self._proc else None
 
     def _spawn(self) -> None:
-        self._log = tempfile.NamedTemporaryFile(prefix="swarm-child-", suffix=".log")  # noqa: SIM115
+        if self.log_path is not None:
+            self._log = self.log_path.open("ab")
+        else:
+            self._log = tempfile.NamedTemporaryFile(prefix="swarm-child-", suffix=".log")  # noqa: SIM115
         env = dict(os.environ)
         env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
         self._proc = subprocess.Popen(
@@ -140,14 +145,15 @@ class FramedChild:
             stderr=self._log,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
 
     def log_tail(self, chars: int = 2000) -> str:
         if self._log is None:
             return ""
         try:
-            return Path(self._log.name).read_text(errors="replace")[-chars:].strip()
+            with Path(self._log.name).open("rb") as f:
+                f.seek(max(0, Path(self._log.name).stat().st_size - chars))
+                return f.read().decode(errors="replace").strip()
         except OSError:
             return ""
 
@@ -203,11 +209,6 @@ class FramedChild:
             if self._log is not None:
                 self._log.close()
                 self._log = None
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class ChildEngine(FramedChild, Engine):

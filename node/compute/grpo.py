@@ -165,8 +165,8 @@ class GRPOTrainer:
         if average is not None and not kept:
             self.optimizer.zero_grad(set_to_none=False)
             grads = self._grads()
-            for g in grads:
-                g.zero_()
+            for grad in grads:
+                grad.zero_()
             if average(grads, 0) > 0:
                 stats["grad_norm"] = float(
                     torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)

@@ -22,6 +22,7 @@ releases reservations of steps at or after the version a restarted child reports
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -38,8 +39,9 @@ class TrainerChild(FramedChild):
     module = "node.compute.train_child"
     what = "trainer child"
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], log_path: Path | None = None) -> None:
         self._lock_init()
+        self.log_path = log_path
         self.spec = spec
         self._spawn()
         info = self._call("init", spec)
@@ -199,7 +201,7 @@ class _Training:
                 nonlocal round_info
                 result = group.average(grads, samples, version)
                 round_info = asdict(result)
-                return result.group_samples
+                return int(result.group_samples)
 
         try:
             stats = self.grpo.step(groups, average)
@@ -213,6 +215,11 @@ class _Training:
 
 
 def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # stray prints must not corrupt the channel
     training: _Training | None = None

@@ -200,7 +200,8 @@ class Trainer:
                 "policies": str(self.run_dir / "policies"),
                 "threads": self.threads,
                 "group": group,
-            }
+            },
+            log_path=self.run_dir / "trainer-child.log",
         )
 
     def _child(self) -> TrainerChild:
@@ -315,10 +316,14 @@ class Trainer:
 
     # -- several trainers ---------------------------------------------------------------------
 
-    def _trainer_addrs(self) -> list[str]:
+    async def _trainer_addrs(self) -> list[str]:
+        """The hivemind addresses in the other trainers' adverts (an advert read before its
+        trainer's child started is read again)."""
         out: list[str] = []
         for peer in self.node.peers_by_role().get("trainer", []):
             advert = self.node.membership.advert_of(peer)
+            if advert is not None and "hivemind" not in advert.message.capabilities:
+                advert = await self.node.membership.refresh(peer)
             if advert is not None:
                 out += [str(a) for a in advert.message.capabilities.get("hivemind", [])]
         return out
@@ -332,10 +337,10 @@ class Trainer:
         self.node.membership.config.capabilities = caps
         await self.node.membership.publish()
         with trio.move_on_after(15):
-            while not self._trainer_addrs():
+            while not await self._trainer_addrs():
                 await self.node.membership.discover()
                 await trio.sleep(0.5)
-        await trio.to_thread.run_sync(child.connect, self._trainer_addrs())
+        await trio.to_thread.run_sync(child.connect, await self._trainer_addrs())
         with trio.move_on_after(10):
             await self.node.policy.wait_for(0)
         known = self.node.policy.version
@@ -418,6 +423,7 @@ class Trainer:
             return
         if rnd["void"] or await trio.to_thread.run_sync(child.void, step):
             gs.rounds_void += 1
+            log.warning("round v%d was void (two groups formed); samples back", step)
             await trio.to_thread.run_sync(child.discard, step)
             self.queue.release(step)
             return
@@ -435,7 +441,7 @@ class Trainer:
         log.info(
             "round v%d -> v%d: %d trainers, %d samples (publisher %s)",
             step,
-            stats["version"],
+            stats.version,
             len(members),
             rnd["group_samples"],
             published[-8:],
@@ -479,7 +485,7 @@ class Trainer:
         return me
 
     async def _connect_new_trainers(self) -> None:
-        addrs = self._trainer_addrs()
+        addrs = await self._trainer_addrs()
         if addrs:
             await trio.to_thread.run_sync(self._child().connect, addrs)
 
