@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -13,7 +13,8 @@ from cli.common import HomeOption, console, open_home
 from node.run import load_genesis
 from swarm.errors import ConfigError
 from swarm.ledger import LedgerStore
-from swarm.messages import run_id_of
+from swarm.messages import PolicyAnnouncement, decode, run_id_of
+from swarm.net.gossip import POLICY_CONFLICT
 
 ledger_app = typer.Typer(
     help="The run's ledger of grants, credits and slashes.", no_args_is_help=True
@@ -48,6 +49,7 @@ def ledger_show(
     balances = store.balances()
     events = [e for e in store.events() if peer is None or e.message.peer == peer]
     peers = sorted(balances.by_peer) if peer is None else [peer]
+    conflicts = _policy_conflicts(store)
     if as_json:
         typer.echo(
             json.dumps(
@@ -68,6 +70,7 @@ def ledger_show(
                         }
                         for e in events
                     ],
+                    "policy_conflicts": conflicts,
                 },
                 indent=2,
             )
@@ -88,6 +91,27 @@ def ledger_show(
             m.event, m.peer[-12:], str(m.amount), m.evidence.hex()[:16], e.signer[-12:]
         )
     console.print(events_table)
+    if conflicts:
+        conflict_table = Table(
+            title=f"[red]{len(conflicts)} policy version(s) with two manifests[/]"
+        )
+        for col in ("version", "manifest", "signer"):
+            conflict_table.add_column(col)
+        for c in conflicts:
+            for m in c["manifests"]:
+                conflict_table.add_row(str(c["version"]), m["manifest"][:16], m["signer"][-12:])
+        console.print(conflict_table)
+
+
+def _policy_conflicts(store: LedgerStore) -> list[dict[str, Any]]:
+    """Policy versions announced with two manifests (kept by the node that saw them)."""
+    by_version: dict[int, list[dict[str, str]]] = {}
+    for raw in store.evidence_of_kind(POLICY_CONFLICT):
+        a = decode(raw, PolicyAnnouncement)
+        by_version.setdefault(a.message.version, []).append(
+            {"manifest": a.message.manifest_id.hex(), "signer": a.signer}
+        )
+    return [{"version": v, "manifests": ms} for v, ms in sorted(by_version.items())]
 
 
 def audit(

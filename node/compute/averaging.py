@@ -10,13 +10,14 @@ Decisions this module owns:
 - **Liveness** (``live``): each child stores a heartbeat under ``<prefix>/live`` (subkey: its
   swarm peer id, value: its policy version) every ``HEARTBEAT_S``, expiring after ``LIVE_S``; a
   trainer killed with -9 drops out of the live set within ``LIVE_S``.
-- **Rounds** (``average``): one round per policy version, in groups of at least two (a lone
-  live trainer steps without the averager; a round whose peer died fails after
-  ``AVERAGING_TIMEOUT_S`` and is retried once the dead peer has left the live set). A trainer that has samples stores a
-  want record under ``<prefix>/want/<version>`` and calls the averager; an idle trainer that sees
-  a want for its version joins with weight 0 (``wanted``). The gradient is averaged weighted by
-  sample count, so the group's step equals one trainer's step on the union of the samples. Every
-  member gathers ``{peer, version, samples}``, so all members agree on who was in the round.
+- **Rounds** (``average``): one round per policy version, in groups of at least two; a lone
+  live trainer steps without the averager, and a round whose peer died fails after
+  ``AVERAGING_TIMEOUT_S`` and is retried once the dead peer has left the live set. A trainer
+  with samples stores a want record under ``<prefix>/want/<version>`` and calls the averager;
+  an idle trainer that sees a want for its version joins with weight 0 (``wanted``). Gradients
+  are averaged weighted by sample count, so the group's step equals one trainer's step on the
+  union of the samples. Every member gathers ``{peer, version, samples}``, so all members agree
+  on who was in the round.
 - **Publisher** (``RoundResult.publisher``): the smallest swarm peer id among the round's
   members. The publisher checks that every trainer that wanted this version is in its round; if
   not (two groups formed for one version), it stores a void record and nobody in the round

@@ -28,6 +28,8 @@ from node.roles.validator import Validator
 from node.roles.worker import InferenceWorker, Tamper
 from node.runtime import Node
 from swarm.ledger import LedgerStore
+from swarm.net import PolicyConflict
+from swarm.net.gossip import POLICY_CONFLICT
 
 EngineFactory = Callable[[], Engine]
 
@@ -41,6 +43,13 @@ def child_engine(model_dir: Path = DEFAULT_MODEL_DIR) -> EngineFactory:
         return ChildEngine(model_dir, threads=1)
 
     return make
+
+
+def record_conflict(ledger: LedgerStore, conflict: PolicyConflict) -> None:
+    """Keep both signed announcements of a policy conflict as ledger evidence (``ledger show``)."""
+    subject = f"policy/{conflict.version}".encode()
+    ledger.add_evidence(POLICY_CONFLICT, subject, conflict.accepted.raw)
+    ledger.add_evidence(POLICY_CONFLICT, subject, conflict.refused.raw)
 
 
 @dataclass
@@ -104,6 +113,7 @@ async def launch(
     ledger = LedgerStore(run_dir / "ledger.db", node.config.genesis)
     replica = LedgerReplica(node, ledger, every_s=ledger_sync_every_s)
     handle = RoleHandle(node, feed, ledger, replica)
+    node.policy.on_conflict(lambda c: record_conflict(ledger, c))
     node.status_extras["role_status"] = handle.status
     engine: Engine | None = None
     try:

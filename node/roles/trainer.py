@@ -341,8 +341,9 @@ class Trainer:
                 await self.node.membership.discover()
                 await trio.sleep(0.5)
         await trio.to_thread.run_sync(child.connect, await self._trainer_addrs())
-        with trio.move_on_after(10):
-            await self.node.policy.wait_for(0)
+        first = self.trainers[0]
+        with trio.move_on_after(3 if self.node.peer_id == first else 10):
+            await self.node.policy.wait_for(0)  # a running swarm answers the catch-up at once
         known = self.node.policy.version
         if known is not None and known >= self.version and known > 0:
             await self._adopt(known)
@@ -354,7 +355,6 @@ class Trainer:
                 n = self.queue.release(step)
                 log.info("round of v%d never published with us: %d samples back", step, n)
         if self.node.policy.version is None:
-            first = self.trainers[0]
             if self.node.peer_id != first:
                 with trio.move_on_after(30):  # the first genesis trainer announces v0
                     await self.node.policy.wait_for(0)
@@ -411,7 +411,7 @@ class Trainer:
         if "failed" in out:
             gs.rounds_failed += 1
             self.queue.release(step)
-            log.warning("%s; %d submissions back in the queue", out["failed"], len(groups))
+            log.warning("%s; its samples are back in the queue", out["failed"])
             return
         rnd = out["round"]
         stats = self._record(StepStats(**out["stats"]))

@@ -141,10 +141,13 @@ class Membership:
         if known is None:
             return None
         signed = await self.overlay.get_advert(self.run_id, peer)
-        if signed is not None and self._accept(known.message.role, signed):
-            if known.message.issued_at < signed.message.issued_at:
-                self._peers[peer] = signed
-                return signed
+        if (
+            signed is not None
+            and self._accept(known.message.role, signed)
+            and known.message.issued_at < signed.message.issued_at
+        ):
+            self._peers[peer] = signed
+            return signed
         return known
 
     def _fresh(self, peer: str) -> bool:
