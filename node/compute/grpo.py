@@ -149,9 +149,20 @@ class GRPOTrainer:
         with torch.no_grad():
             return self._logprobs(self._old_model, ids, attention)[0]
 
-    def step(self, groups: Sequence[Group], average: GradientAverager | None = None) -> StepStats:
+    def step(
+        self,
+        groups: Sequence[Group],
+        average: GradientAverager | None = None,
+        *,
+        norm_samples: int | None = None,
+        grad_scale: float = 1.0,
+    ) -> StepStats:
         """One optimizer step on ``groups``; returns what happened. Always advances the version
         (a batch with no signal leaves the weights unchanged but is still a step).
+
+        Data-parallel ranks (``node.compute.fsdp``) pass ``norm_samples`` (the kept samples of
+        all ranks) and ``grad_scale`` (the world size, since FSDP averages gradients), so the
+        ranks' step equals one process's step on the whole batch.
 
         With ``average`` (several trainers), the gradient is computed even when no group here
         has signal (zeros, weight 0), replaced by the group's average before clipping, and the
@@ -196,12 +207,12 @@ class GRPOTrainer:
                 torch.clamp(ratio, max=cfg.clip_delta) * advantages,
                 torch.clamp(ratio, 1 - cfg.clip_epsilon, 1 + cfg.clip_epsilon) * advantages,
             )
-            norm = samples * cfg.max_tokens
+            norm = (norm_samples or samples) * cfg.max_tokens
             maskf = mask.float()
             loss = -(surrogate * maskf).sum() / norm
             mean_entropy = (entropy * maskf).sum() / norm
             loss = loss - cfg.entropy_coef * mean_entropy
-            loss.backward()
+            (loss * grad_scale).backward()
             if average is not None:
                 average(self._grads(), samples)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)

@@ -85,6 +85,7 @@ class RoleHandle:
                 "idle_fraction": None if math.isnan(t.idle_fraction()) else t.idle_fraction(),
                 "rollbacks": t.stats.rollbacks,
                 "published_at": t.stats.published_at,
+                "busy_s": round(t.stats.busy_seconds, 3),
             }
             if t.stats.group is not None:
                 out["trainer"]["group"] = vars(t.stats.group)
