@@ -208,8 +208,8 @@ class LocalSwarm:
                 continue
             try:
                 answer = await admin.query(admin.socket_path(proc.home), {"cmd": "status"}, 2.0)
-            except SwarmError:
-                continue
+            except (SwarmError, OSError, trio.BrokenResourceError):
+                continue  # it is stopping (or was just killed)
             proc.status = answer.get("status", {})
 
     def trainer_status(self) -> dict[str, Any]:

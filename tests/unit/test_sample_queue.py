@@ -45,3 +45,17 @@ def test_a_crash_after_the_checkpoint_keeps_the_batch_used(tmp_path: Path) -> No
     assert q.recover(checkpoint_version=1) == 0
     assert q.take(step=1, max_submissions=8, min_version=0) == []
     assert q.used_by(0) == [b"a"]
+
+
+def test_a_group_trainer_keeps_settled_rounds_and_releases_the_rest(tmp_path: Path) -> None:
+    q = SampleQueue(tmp_path / "q.db")
+    for i in range(3):
+        q.put(bytes([i]), 0, groups(0))
+    q.take(step=0, max_submissions=1, min_version=0)
+    q.take(step=1, max_submissions=1, min_version=0)
+    q.settle(0)  # round 0 went into a published version
+    q.close()
+    q = SampleQueue(tmp_path / "q.db")  # a restart
+    assert q.unsettled_steps() == [1]
+    assert q.release(1) == 1
+    assert q.pending() == 2 and q.used_by(0) == [b"\x00"]
