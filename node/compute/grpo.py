@@ -261,6 +261,14 @@ class GRPOTrainer:
         for old_version in sorted(self._snapshots)[: -self.keep_versions]:
             del self._snapshots[old_version]
 
+    def relabel(self, version: int) -> None:
+        """Call the current weights ``version`` (newer than ours): a trainer whose round's
+        published copy was lost republishes its own copy under a new number."""
+        self.version = version
+        self._snapshots[version] = self._cpu_state()
+        for old_version in sorted(self._snapshots)[: -self.keep_versions]:
+            del self._snapshots[old_version]
+
     def forget(self, version: int) -> None:
         """Drop the held weights of ``version`` (a step that was undone)."""
         self._snapshots.pop(version, None)

@@ -12,6 +12,7 @@ pickle). Parent side: :class:`TrainerChild`. Requests:
   new version's safetensors (``policies/v<N>.safetensors``) and the checkpoint.
 - ``load`` {version, path}: continue from another trainer's published copy of ``version``.
 - ``discard`` {version}: undo a void round (back to the held weights of ``version``).
+- ``relabel`` {version}: the current weights become ``version`` (a lost copy republished).
 - ``rollback`` {version} -> {taken, weights}; ``connect`` {addrs}; ``wanted`` {version};
   ``void`` {version}; ``live``; ``record_round`` {version, members}; ``round_members``
   {version}; ``status``.
@@ -69,6 +70,10 @@ class TrainerChild(FramedChild):
         out: dict[str, Any] = self._call("rollback", {"version": version})
         self.version = int(out["version"])
         return out
+
+    def relabel(self, version: int) -> None:
+        self._call("relabel", {"version": version})
+        self.version = version
 
     def connect(self, addrs: list[str]) -> None:
         self._call("connect", {"addrs": addrs})
@@ -166,6 +171,9 @@ class _Training:
             (self.policies / f"v{undone}.safetensors").unlink(missing_ok=True)
             self._settle()
             return None
+        if op == "relabel":
+            self.grpo.relabel(int(args["version"]))
+            return self._settle()
         if op == "rollback":
             taken = self.grpo.rollback(int(args["version"]))
             return {"taken": taken, "version": self.grpo.version, "weights": self._settle()}

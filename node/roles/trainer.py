@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from node.compute.train_child import TrainerChild
 from node.model import DEFAULT_MODEL_DIR, model_info, tokenizer
 from node.policy_feed import PolicyFeed
 from node.roles.sample_queue import SampleQueue
+from node.roles.trainer_stats import GroupStatus, TrainerStats
 from node.roles.validator import SAMPLES, SAMPLES_LIMITS
 from node.run import suite_for
 from node.runtime import Node
@@ -52,45 +52,6 @@ IDLE_POLL_S = 0.5
 """How often an idle group trainer asks whether a peer wants a round."""
 TAKEOVER_AFTER_S = 60.0
 """A live publisher that announces nothing for this long is taken over anyway."""
-
-
-@dataclass
-class GroupStatus:
-    """What ``status`` shows of a trainer in a group."""
-
-    peers: list[str] = field(default_factory=list)
-    rounds_averaged: int = 0
-    rounds_failed: int = 0
-    rounds_void: int = 0
-    samples_contributed: int = 0
-    publisher: str | None = None
-    published_here: int = 0
-    takeovers: int = 0
-    averaging_seconds: float = 0.0
-    bytes_averaged: int = 0
-
-
-@dataclass
-class TrainerStats:
-    steps: list[StepStats] = field(default_factory=list)
-    reward_sum: dict[int, float] = field(default_factory=dict)
-    reward_count: dict[int, int] = field(default_factory=dict)
-    idle_seconds: float = 0.0
-    busy_seconds: float = 0.0
-    queued: int = 0
-    rollbacks: int = 0
-    started: float = field(default_factory=time.monotonic)
-    published_at: dict[int, float] = field(default_factory=dict)
-    """Seconds after the trainer started at which each version was announced."""
-    group: GroupStatus | None = None
-
-    def add_rewards(self, version: int, rewards: list[float]) -> None:
-        self.reward_sum[version] = self.reward_sum.get(version, 0.0) + sum(rewards)
-        self.reward_count[version] = self.reward_count.get(version, 0) + len(rewards)
-        self.queued += 1
-
-    def reward_by_version(self) -> dict[int, float]:
-        return {v: self.reward_sum[v] / self.reward_count[v] for v in sorted(self.reward_sum)}
 
 
 class Trainer:
@@ -346,7 +307,10 @@ class Trainer:
             await self.node.policy.wait_for(0)  # a running swarm answers the catch-up at once
         known = self.node.policy.version
         if known is not None and known >= self.version and known > 0:
-            await self._adopt(known)
+            try:
+                await self._adopt(known)
+            except SwarmError as exc:  # the loop tries again (or a peer republishes)
+                log.warning("policy v%d not fetched at start (%s)", known, exc)
         for step in self.queue.unsettled_steps():
             members = await trio.to_thread.run_sync(child.round_members, step)
             if members is not None and self.node.peer_id in members:
@@ -383,7 +347,11 @@ class Trainer:
         child = self._child()
         known = self.node.policy.version
         if known is not None and known > self.version:
-            await self._adopt(known)  # a round we were not in: continue from its result
+            try:
+                await self._adopt(known)  # a round we were not in: continue from its result
+            except SwarmError as exc:
+                log.warning("policy v%d not fetched yet (%s); retrying", known, exc)
+                await trio.sleep(1.0)
             return
         gs = self._group_status()
         live = await trio.to_thread.run_sync(child.live)
@@ -457,8 +425,15 @@ class Trainer:
         while publisher != me:
             known = self.node.policy.version
             if known is not None and known >= new:
-                await self._adopt(new)
-                return publisher
+                try:
+                    await self._adopt(new)
+                    return publisher
+                except SwarmError as exc:
+                    if publisher in await trio.to_thread.run_sync(child.live):
+                        log.warning("v%d not fetched yet (%s); retrying", new, exc)
+                        await trio.sleep(1.0)
+                        continue
+                    return await self._republish(step, members, known + 1)
             if await trio.to_thread.run_sync(child.void, step):
                 return None
             live = await trio.to_thread.run_sync(child.live)
@@ -481,8 +456,25 @@ class Trainer:
             log.warning("v%d could not be announced (%s); the round is undone", new, exc)
             self.feed.discard_own(new)
             return None
+        self.version = new
         self._group_status().published_here += 1
         return me
+
+    async def _republish(self, step: int, members: list[str], version: int) -> str:
+        """The publisher announced the round's version and died before anyone held its copy:
+        publish our own copy of the round's result as ``version`` (versions only move forward),
+        so the run goes on and the round's samples still count once."""
+        child = self._child()
+        log.warning(
+            "the publisher died before serving v%d; publishing our copy as v%d", step + 1, version
+        )
+        self._group_status().takeovers += 1
+        await trio.to_thread.run_sync(child.relabel, version)
+        await trio.to_thread.run_sync(child.record_round, step, members)
+        await self._publish(version)
+        self.version = version
+        self._group_status().published_here += 1
+        return self.node.peer_id
 
     async def _connect_new_trainers(self) -> None:
         addrs = await self._trainer_addrs()
