@@ -22,7 +22,9 @@ Decisions this module owns:
   members. The publisher checks that every trainer that wanted this version is in its round; if
   not (two groups formed for one version), it stores a void record and nobody in the round
   publishes: their samples go back to the queue. Of two split groups, at most one sees no
-  outsider, so at most one manifest is cut per version.
+  outsider, so at most one manifest is cut per version. A member whose round failed voids it
+  too (the others may have finished it), with a time stamp, so a later round of the same
+  version is not void.
 - **Cancellation/death**: a failed or timed-out round raises ``RoundFailed``; the caller releases
   the samples. Forked helpers die with the child (``PR_SET_PDEATHSIG`` via
   ``os.register_at_fork``), and the parent kills the child's process group.
@@ -110,6 +112,7 @@ class TrainerGroup:
         self.version = 0
         self.stats = GroupStats()
         self._connected: set[str] = set()
+        self._started: dict[int, float] = {}
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat, daemon=True)
         self._beat.start()
@@ -157,7 +160,15 @@ class TrainerGroup:
         return sorted(self._records(f"{self.prefix}/want/{version}"))
 
     def void(self, version: int) -> bool:
-        return bool(self._records(f"{self.prefix}/void/{version}"))
+        """Whether a member voided our last round at ``version`` (a void record made after we
+        started it: the publisher saw an outsider, or a member's round failed)."""
+        since = self._started.get(version, 0.0)
+        voids = self._records(f"{self.prefix}/void/{version}")
+        return any(float(t) > since for t in voids.values())
+
+    def _void(self, version: int) -> None:
+        now = get_dht_time()
+        self.dht.store(f"{self.prefix}/void/{version}", now, now + WANT_S, subkey=self.peer)
 
     def record_round(self, version: int, members: list[str]) -> None:
         """Say (for a day) whose samples went into the published version ``version + 1``: a
@@ -172,6 +183,7 @@ class TrainerGroup:
         """Replace ``grads`` by the group's sample-weighted mean (``RoundFailed`` on failure)."""
         self.version = version
         started = time.perf_counter()
+        self._started = {version: get_dht_time()}
         want = f"{self.prefix}/want/{version}"
         self.dht.store(want, True, get_dht_time() + WANT_S, subkey=self.peer)
         if set(self.live()) == {self.peer}:
@@ -190,10 +202,14 @@ class TrainerGroup:
                 timeout=AVERAGING_TIMEOUT_S,
             )
         except Exception as exc:
+            # Others of this round may have finished it: void it for them too, so that no one
+            # publishes a round whose samples some member is about to release.
             self.stats.rounds_failed += 1
+            self._void(version)
             raise RoundFailed(f"averaging round for v{version} failed: {exc}") from exc
         if not gathered:
             self.stats.rounds_failed += 1
+            self._void(version)
             raise RoundFailed(f"averaging round for v{version} found no group")
         infos = list(gathered.values())
         if any(int(i["version"]) != version for i in infos):
@@ -217,12 +233,7 @@ class TrainerGroup:
                     version,
                     sorted(outsiders),
                 )
-                self.dht.store(
-                    f"{self.prefix}/void/{version}",
-                    True,
-                    get_dht_time() + WANT_S,
-                    subkey=self.peer,
-                )
+                self._void(version)
                 result.void = True
         s = self.stats
         s.averaging_seconds += result.seconds

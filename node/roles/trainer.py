@@ -439,6 +439,7 @@ class Trainer:
             live = await trio.to_thread.run_sync(child.live)
             alive = [m for m in members if m in live]
             if publisher not in live or trio.current_time() > deadline:
+                log.warning("v%d: publisher %s silent; the next member publishes", new, publisher)
                 publisher = min(m for m in [*alive, me] if m != publisher)
                 if publisher == me:
                     log.warning("v%d: the round's publisher is gone; publishing our copy", new)
