@@ -13,9 +13,11 @@ from cli.common import HomeOption, console, open_home
 from cli.net import BootstrapOption
 from node.run import load_genesis
 from swarm.errors import ConfigError
+from swarm.evidence import EvidenceStore
 from swarm.ledger import LedgerStore
-from swarm.messages import run_id_of
+from swarm.messages import PolicyAnnouncement, decode, run_id_of
 from swarm.net import parse_peer_addr
+from swarm.net.gossip import POLICY_CONFLICT
 
 ledger_app = typer.Typer(
     help="The run's ledger of grants, credits and slashes.", no_args_is_help=True
@@ -63,6 +65,7 @@ def ledger_show(
     peers = store.lowest(limit) if peer is None else [peer]
     events = store.page(peer=peer, before=cursor, limit=limit)
     disputes = store.disputes(limit)
+    conflicts = _policy_conflicts(store.path)
     if as_json:
         typer.echo(
             json.dumps(
@@ -96,6 +99,7 @@ def ledger_show(
                         for e in events
                     ],
                     "next_before": events[-1].id.hex() if len(events) == limit else None,
+                    "policy_conflicts": conflicts,
                 },
                 indent=2,
             )
@@ -132,6 +136,35 @@ def ledger_show(
     console.print(events_table)
     if len(events) == limit:
         console.print(f"next page: --before {events[-1].id.hex()}")
+    if conflicts:
+        conflict_table = Table(
+            title=f"[red]{len(conflicts)} policy version(s) with two manifests[/]"
+        )
+        for col in ("version", "manifest", "signer"):
+            conflict_table.add_column(col)
+        for c in conflicts:
+            for m in c["manifests"]:
+                conflict_table.add_row(str(c["version"]), m["manifest"][:16], m["signer"][-12:])
+        console.print(conflict_table)
+
+
+def _policy_conflicts(ledger_path: Path) -> list[dict[str, Any]]:
+    """Policy versions announced with two manifests, as the node that saw them kept them in the
+    evidence store beside its ledger (none when it has no store)."""
+    path = ledger_path.with_name("evidence.db")
+    if not path.exists():
+        return []
+    store = EvidenceStore(path)
+    by_version: dict[int, list[dict[str, str]]] = {}
+    try:
+        for raw in store.of_kind(POLICY_CONFLICT):
+            a = decode(raw, PolicyAnnouncement)
+            by_version.setdefault(a.message.version, []).append(
+                {"manifest": a.message.manifest_id.hex(), "signer": a.signer}
+            )
+    finally:
+        store.close()
+    return [{"version": v, "manifests": ms} for v, ms in sorted(by_version.items())]
 
 
 def audit(
@@ -232,7 +265,6 @@ def _audit_swarm(
 
     from node.audit import audit_ledger
     from node.audit_swarm import gather
-    from swarm.evidence import EvidenceStore
 
     genesis = load_genesis(run)
     for addr in bootstrap:

@@ -411,6 +411,13 @@ def status(
     _role_rows(table, info.get("role_status", {}))
     for warning in info.get("warnings", []):
         table.add_row("WARNING", warning)
+    for c in info.get("policy_conflicts", []):
+        kept, refused = c["accepted"], c["refused"]
+        table.add_row(
+            "POLICY CONFLICT",
+            f"v{c['version']}: kept {kept['manifest'][:16]} ({kept['signer'][-8:]}),"
+            f" refused {refused['manifest'][:16]} ({refused['signer'][-8:]})",
+        )
     console.print(table)
 
 
@@ -431,6 +438,11 @@ def _role_rows(table: Table, role_status: dict[str, Any]) -> None:
             )
     for section in ("worker", "validator", "trainer"):
         for key, value in role_status.get(section, {}).items():
+            if key == "group" and isinstance(value, dict):  # several trainers: every figure
+                for k, v in value.items():
+                    shown = " ".join(p[-8:] for p in v) if isinstance(v, list) else v
+                    table.add_row(f"trainer group {k}", str(shown))
+                continue
             if isinstance(value, dict):
                 value = ", ".join(
                     f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}"

@@ -169,6 +169,10 @@ class PolicyFeed:
         await node.announce_policy(version, manifest.id)
         return manifest
 
+    def discard_own(self, version: int) -> None:
+        """Remove our own cut of ``version`` (several trainers: another copy won)."""
+        self._discard_own_partial(version)
+
     def _discard_own_partial(self, version: int) -> None:
         """A publish cut short by kill -9 leaves this trainer's own manifest with unfinished
         data; a new cut signs a new manifest, which the store would refuse. Nobody can hold a

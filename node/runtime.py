@@ -399,6 +399,7 @@ class Node:
             "policy_manifest": None if newest is None else newest.message.manifest_id.hex(),
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "gossip": self.stats.as_dict(),
+            "policy_conflicts": [c.as_dict() for c in self.policy.conflicts],
             "rejected_adverts": self.membership.rejected_adverts,
             "warnings": list(self.membership.duplicate_warnings),
             **{name: section() for name, section in self.status_extras.items()},

@@ -88,6 +88,8 @@ class UpConfig:
     params: RunParams = DEMO_PARAMS
     http: str | None = "127.0.0.1:0"
     """Where the bootstrap peer serves the dashboard (None: no dashboard)."""
+    trainers: int = 1
+    """Trainer processes (named trainer, trainer-2, ...); more than one average through hivemind."""
 
 
 def _gains(rewards: list[float], window: int = 5) -> dict[str, float | None]:
@@ -123,7 +125,9 @@ class LocalSwarm:
             )
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         homes = self.out / "homes"
-        names = [("bootstrap", "bootstrap"), ("trainer", "trainer"), ("validator", "validator")]
+        names = [("bootstrap", "bootstrap"), ("trainer", "trainer")]
+        names += [(f"trainer-{i}", "trainer") for i in range(2, self.config.trainers + 1)]
+        names.append(("validator", "validator"))
         names += [(f"worker-{i}", "inference") for i in range(self.config.workers)]
         if self.config.with_cheater:
             names.append(("cheater", "inference"))
@@ -139,7 +143,7 @@ class LocalSwarm:
         genesis = create_genesis(
             owner,
             name="local demo",
-            trainers=[self.proc("trainer").peer_id],
+            trainers=[p.peer_id for p in self.procs if p.role == "trainer"],
             validators=[self.proc("validator").peer_id],
             params=self.config.params,
         )
@@ -221,8 +225,8 @@ class LocalSwarm:
                 continue
             try:
                 answer = await admin.query(admin.socket_path(proc.home), {"cmd": "status"}, 2.0)
-            except SwarmError:
-                continue
+            except (SwarmError, OSError, trio.BrokenResourceError):
+                continue  # it is stopping (or was just killed)
             proc.status = answer.get("status", {})
 
     def trainer_status(self) -> dict[str, Any]:
@@ -233,7 +237,15 @@ class LocalSwarm:
         return sorted((int(v), float(r)) for v, r in rewards.items())
 
     def version(self) -> int:
-        return int(self.trainer_status().get("version", 0))
+        """The newest version any live trainer reports."""
+        return max(
+            (
+                int(p.status.get("role_status", {}).get("trainer", {}).get("version", 0))
+                for p in self.procs
+                if p.role == "trainer" and p.alive
+            ),
+            default=0,
+        )
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
@@ -109,6 +110,13 @@ class EvidenceStore:
             self._db.execute("SELECT 1 FROM objects WHERE id = ?", (object_id,)).fetchone()
             is not None
         )
+
+    def of_kind(self, kind: str) -> Iterator[bytes]:
+        """Every held object of ``kind``, oldest first."""
+        for (raw,) in self._db.execute(
+            "SELECT raw FROM objects WHERE kind = ? ORDER BY rowid", (kind,)
+        ):
+            yield bytes(raw)
 
     def pinned(self, object_id: bytes) -> bool:
         row = self._db.execute("SELECT pinned FROM objects WHERE id = ?", (object_id,)).fetchone()

@@ -23,7 +23,9 @@ thread finishes the request, its result is dropped).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -120,7 +122,111 @@ def prefill_from_wire(obj: Any) -> Prefill:
 # -- the parent side -----------------------------------------------------------------------------
 
 
-class ChildEngine(Engine):
+class FramedChild:
+    """A ``python -m <module>`` child speaking the frame protocol above on its stdin/stdout.
+
+    The child leads its own process group (``start_new_session``) and ends when its stdin closes
+    (this process died); ``close`` kills the whole group, so helpers the child forked
+    (hivemind's p2pd and averager) go with it. No ``PR_SET_PDEATHSIG`` here: children are
+    started from worker threads, and the signal fires when the *thread* that forked ends.
+    """
+
+    module = "node.compute.child"
+    what = "engine child"
+
+    _proc: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = None
+    log_path: Path | None = None
+    """Where the child's stderr goes (appended); a temporary file when None."""
+
+    def _lock_init(self) -> None:
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def _spawn(self) -> None:
+        if self.log_path is not None:
+            self._log = self.log_path.open("ab")
+        else:
+            self._log = tempfile.NamedTemporaryFile(prefix="swarm-child-", suffix=".log")  # noqa: SIM115
+        env = dict(os.environ)
+        env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", self.module],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=env,
+            start_new_session=True,
+        )
+
+    def log_tail(self, chars: int = 2000) -> str:
+        if self._log is None:
+            return ""
+        try:
+            with Path(self._log.name).open("rb") as f:
+                f.seek(max(0, Path(self._log.name).stat().st_size - chars))
+                return f.read().decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def _died(self, what: str) -> EngineError:
+        proc = self._proc
+        code = proc.poll() if proc else None
+        if proc and code is None:
+            proc.kill()
+            code = proc.wait()
+        tail = self.log_tail()
+        pid = proc.pid if proc else "?"
+        msg = f"{self.what} (pid {pid}) {what}; exit code {code}; call restart() for a new one"
+        return EngineError(msg + (f"\n--- child log ---\n{tail}" if tail else ""))
+
+    def _call(self, op: str, args: dict[str, Any]) -> Any:
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.stdin is None or proc.stdout is None:
+                raise EngineError(f"{self.what} is closed; call restart() for a new one")
+            if proc.poll() is not None:
+                raise self._died("has exited")
+            try:
+                write_frame(proc.stdin, {"op": op, "args": args})
+                reply = read_frame(proc.stdout)
+            except (BrokenPipeError, OSError, ValueError) as exc:
+                raise self._died(f"broke the channel ({exc})") from exc
+            except EngineError as exc:
+                raise self._died(str(exc)) from exc
+            if reply is None:
+                raise self._died("closed its output")
+        if not isinstance(reply, dict) or "ok" not in reply:
+            raise EngineError(f"{self.what} answered nonsense to {op!r}")
+        if not reply["ok"]:
+            raise EngineError(f"{self.what} failed {op!r}: {reply.get('error')}")
+        return reply.get("result")
+
+    def close(self) -> None:
+        with self._lock:
+            proc, self._proc = self._proc, None
+            if proc is not None:
+                try:
+                    if proc.poll() is None and proc.stdin is not None:
+                        write_frame(proc.stdin, {"op": "close", "args": {}})
+                        proc.stdin.close()
+                    proc.wait(timeout=10)
+                except (OSError, ValueError, subprocess.TimeoutExpired):
+                    proc.kill()
+                    proc.wait()
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # helpers it forked, if any are left
+                if proc.stdout is not None:
+                    proc.stdout.close()
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+
+class ChildEngine(FramedChild, Engine):
     """The same interface as :class:`Engine`; the model lives in ``python -m node.compute.child``.
 
     ``kind`` is ``"torch"`` (or ``"vllm"`` on a GPU machine with the ``gpu`` extra).
@@ -144,69 +250,16 @@ class ChildEngine(Engine):
             "threads": threads,
             "chat_template": chat_template,
         }
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        self._lock_init()
         self._weights: str | None = None
         self._start()
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
-
     def _start(self) -> None:
-        self._log = tempfile.NamedTemporaryFile(prefix="swarm-engine-", suffix=".log")  # noqa: SIM115
-        env = dict(os.environ)
-        env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "node.compute.child"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=env,
-        )
+        self._spawn()
         info = self._call("init", self._spec)
         self.info = EngineInfo(**info)
         if self._weights is not None:
             self._call("load_weights", {"path": self._weights})
-
-    def _died(self, what: str) -> EngineError:
-        proc = self._proc
-        code = proc.poll() if proc else None
-        if proc and code is None:
-            proc.kill()
-            code = proc.wait()
-        tail = ""
-        if self._log is not None:
-            try:
-                tail = Path(self._log.name).read_text(errors="replace")[-2000:].strip()
-            except OSError:
-                tail = ""
-        pid = proc.pid if proc else "?"
-        msg = f"engine child (pid {pid}) {what}; exit code {code}; call restart() for a new one"
-        return EngineError(msg + (f"\n--- child log ---\n{tail}" if tail else ""))
-
-    def _call(self, op: str, args: dict[str, Any]) -> Any:
-        with self._lock:
-            proc = self._proc
-            if proc is None or proc.stdin is None or proc.stdout is None:
-                raise EngineError("engine child is closed; call restart() for a new one")
-            if proc.poll() is not None:
-                raise self._died("has exited")
-            try:
-                write_frame(proc.stdin, {"op": op, "args": args})
-                reply = read_frame(proc.stdout)
-            except (BrokenPipeError, OSError, ValueError) as exc:
-                raise self._died(f"broke the channel ({exc})") from exc
-            except EngineError as exc:
-                raise self._died(str(exc)) from exc
-            if reply is None:
-                raise self._died("closed its output")
-        if not isinstance(reply, dict) or "ok" not in reply:
-            raise EngineError(f"engine child answered nonsense to {op!r}")
-        if not reply["ok"]:
-            raise EngineError(f"engine child failed {op!r}: {reply.get('error')}")
-        return reply.get("result")
 
     def restart(self) -> None:
         """Stop the child (if alive) and start a fresh one with the same model and weights."""
@@ -283,24 +336,6 @@ class ChildEngine(Engine):
         import trio
 
         return await trio.to_thread.run_sync(self.prefill_batch, items)
-
-    def close(self) -> None:
-        with self._lock:
-            proc, self._proc = self._proc, None
-            if proc is not None:
-                try:
-                    if proc.poll() is None and proc.stdin is not None:
-                        write_frame(proc.stdin, {"op": "close", "args": {}})
-                        proc.stdin.close()
-                    proc.wait(timeout=10)
-                except (OSError, ValueError, subprocess.TimeoutExpired):
-                    proc.kill()
-                    proc.wait()
-                if proc.stdout is not None:
-                    proc.stdout.close()
-            if self._log is not None:
-                self._log.close()
-                self._log = None
 
 
 # -- the child side ------------------------------------------------------------------------------

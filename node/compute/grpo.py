@@ -19,25 +19,16 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from node.compute.groups import CollapseGuard, Group, StepStats
 from swarm.errors import ConfigError, StorageError
 from swarm.messages import RunParams
-
-
-@dataclass(frozen=True)
-class Group:
-    """G completions of one prompt, their rewards, and the policy version that sampled them."""
-
-    prompt: list[int]
-    completions: list[list[int]]
-    rewards: list[float]
-    version: int
 
 
 @dataclass(frozen=True)
@@ -63,25 +54,10 @@ class GRPOConfig:
         )
 
 
-@dataclass(frozen=True)
-class StepStats:
-    version: int
-    """The version this step produced."""
-    sampled_by: int
-    """The newest policy version among the step's samples."""
-    mean_reward: float
-    kept_groups: int
-    total_groups: int
-    samples: int
-    tokens: int
-    loss: float
-    grad_norm: float
-    clip_fraction: float
-    entropy: float
-
-    @property
-    def kept_fraction(self) -> float:
-        return self.kept_groups / self.total_groups if self.total_groups else 0.0
+GradientAverager = Callable[[list[torch.Tensor], int], int]
+"""``average(grads, samples) -> group_samples``: replaces each local gradient in place by the
+group's sample-weighted mean and answers how many samples the whole group trained on (0: no
+step anywhere). Several trainers plug hivemind in here (``node.compute.averaging``)."""
 
 
 def group_advantages(rewards: Sequence[float]) -> list[float]:
@@ -173,15 +149,40 @@ class GRPOTrainer:
         with torch.no_grad():
             return self._logprobs(self._old_model, ids, attention)[0]
 
-    def step(self, groups: Sequence[Group]) -> StepStats:
+    def step(
+        self,
+        groups: Sequence[Group],
+        average: GradientAverager | None = None,
+        *,
+        norm_samples: int | None = None,
+        grad_scale: float = 1.0,
+    ) -> StepStats:
         """One optimizer step on ``groups``; returns what happened. Always advances the version
-        (a batch with no signal leaves the weights unchanged but is still a step)."""
+        (a batch with no signal leaves the weights unchanged but is still a step).
+
+        Data-parallel ranks (``node.compute.fsdp``) pass ``norm_samples`` (the kept samples of
+        all ranks) and ``grad_scale`` (the world size, since FSDP averages gradients), so the
+        ranks' step equals one process's step on the whole batch.
+
+        With ``average`` (several trainers), the gradient is computed even when no group here
+        has signal (zeros, weight 0), replaced by the group's average before clipping, and the
+        optimizer steps when the group as a whole had samples."""
         cfg = self.config
         rewards = [r for g in groups for r in g.rewards]
         kept = [g for g in groups if len(g.rewards) > 1 and max(g.rewards) != min(g.rewards)]
         stats: dict[str, float] = {"loss": 0.0, "grad_norm": 0.0, "clip": 0.0, "entropy": 0.0}
         samples = sum(len(g.completions) for g in kept)
         tokens = 0
+        if average is not None and not kept:
+            self.optimizer.zero_grad(set_to_none=False)
+            grads = self._grads()
+            for grad in grads:
+                grad.zero_()
+            if average(grads, 0) > 0:
+                stats["grad_norm"] = float(
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                )
+                self.optimizer.step()
         if kept:
             self.optimizer.zero_grad(set_to_none=True)
             ids, attention, mask = self._batch(
@@ -206,12 +207,14 @@ class GRPOTrainer:
                 torch.clamp(ratio, max=cfg.clip_delta) * advantages,
                 torch.clamp(ratio, 1 - cfg.clip_epsilon, 1 + cfg.clip_epsilon) * advantages,
             )
-            norm = samples * cfg.max_tokens
+            norm = (norm_samples or samples) * cfg.max_tokens
             maskf = mask.float()
             loss = -(surrogate * maskf).sum() / norm
             mean_entropy = (entropy * maskf).sum() / norm
             loss = loss - cfg.entropy_coef * mean_entropy
-            loss.backward()
+            (loss * grad_scale).backward()
+            if average is not None:
+                average(self._grads(), samples)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
             self.optimizer.step()
             tokens = int(mask.sum())
@@ -239,6 +242,36 @@ class GRPOTrainer:
             clip_fraction=stats["clip"],
             entropy=stats["entropy"],
         )
+
+    def _grads(self) -> list[torch.Tensor]:
+        """Every parameter's gradient tensor (allocated as zeros where backward left none)."""
+        out = []
+        for p in self.model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            out.append(p.grad)
+        return out
+
+    def load_version(self, version: int, weights: dict[str, torch.Tensor]) -> None:
+        """Continue from another trainer's copy of ``version`` (the canonical, published one);
+        the optimizer's state is kept (it saw the same averaged gradients)."""
+        self.model.load_state_dict(weights)
+        self.version = version
+        self._snapshots[version] = self._cpu_state()
+        for old_version in sorted(self._snapshots)[: -self.keep_versions]:
+            del self._snapshots[old_version]
+
+    def relabel(self, version: int) -> None:
+        """Call the current weights ``version`` (newer than ours): a trainer whose round's
+        published copy was lost republishes its own copy under a new number."""
+        self.version = version
+        self._snapshots[version] = self._cpu_state()
+        for old_version in sorted(self._snapshots)[: -self.keep_versions]:
+            del self._snapshots[old_version]
+
+    def forget(self, version: int) -> None:
+        """Drop the held weights of ``version`` (a step that was undone)."""
+        self._snapshots.pop(version, None)
 
     def rollback(self, version: int) -> int:
         """Continue from the weights of ``version`` as a *new* version: versions only move
@@ -283,25 +316,4 @@ class GRPOTrainer:
         self._snapshots = dict(state["snapshots"])
 
 
-class CollapseGuard:
-    """Watches for the collapse the design describes: reward falls to zero, every group has zero
-    advantage, and no signal is left. After ``patience`` such steps in a row, ``observe`` answers
-    the version to roll back to: the newest one whose own samples still earned reward."""
-
-    def __init__(self, patience: int = 3) -> None:
-        self.patience = patience
-        self.last_good: int | None = None
-        self._dead_steps = 0
-
-    def observe(self, stats: StepStats) -> int | None:
-        dead = stats.kept_groups == 0 and stats.mean_reward == 0.0
-        if not dead:
-            self._dead_steps = 0
-            if stats.mean_reward > 0:
-                self.last_good = stats.sampled_by
-            return None
-        self._dead_steps += 1
-        if self._dead_steps >= self.patience and self.last_good is not None:
-            self._dead_steps = 0
-            return self.last_good
-        return None
+__all__ = ["CollapseGuard", "GRPOConfig", "GRPOTrainer", "Group", "StepStats", "group_advantages"]

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.compute.grpo import Group, GRPOConfig, GRPOTrainer, StepStats
+from node.compute.groups import Group
+from node.compute.grpo import GRPOConfig, GRPOTrainer, StepStats
 from node.compute.torch_engine import TorchEngine
 from node.model import DEFAULT_MODEL_DIR
 from node.rl.rollout import generate_groups, score_samples

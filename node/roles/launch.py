@@ -39,6 +39,8 @@ from node.run_assets import AssetDirs, RunAssets, check_local, obtain
 from node.runtime import Node
 from swarm.evidence import EvidenceStore
 from swarm.ledger import LedgerStore
+from swarm.net import PolicyConflict
+from swarm.net.gossip import POLICY_CONFLICT
 
 EngineFactory = Callable[[], Engine]
 
@@ -65,6 +67,13 @@ def child_engine(
         )
 
     return make
+
+
+def record_conflict(store: EvidenceStore, conflict: PolicyConflict) -> None:
+    """Keep both signed announcements of a policy conflict, pinned, in the node's evidence
+    store (``ledger show`` lists them; peers can fetch them by id)."""
+    store.put(conflict.accepted.raw, POLICY_CONFLICT, pinned=True)
+    store.put(conflict.refused.raw, POLICY_CONFLICT, pinned=True)
 
 
 @dataclass
@@ -106,7 +115,10 @@ class RoleHandle:
                 "idle_fraction": None if math.isnan(t.idle_fraction()) else t.idle_fraction(),
                 "rollbacks": t.stats.rollbacks,
                 "published_at": t.stats.published_at,
+                "busy_s": round(t.stats.busy_seconds, 3),
             }
+            if t.stats.group is not None:
+                out["trainer"]["group"] = vars(t.stats.group)
         return out
 
 
@@ -147,6 +159,7 @@ async def launch(
     evidence.serve()  # every holder serves what it keeps
     handle = RoleHandle(node, feed, ledger, replica, evidence)
     claims: ClaimBook | None = None
+    node.policy.on_conflict(lambda c: record_conflict(evidence.store, c))
     node.status_extras["role_status"] = handle.status
     engine: Engine | None = None
     try:
@@ -162,17 +175,14 @@ async def launch(
                 assets.model_dir, compute, chat_template=chat
             )
             if node.role == "trainer":
-                if torch_threads is not None:
-                    import torch
-
-                    # Small models train fastest on one thread, and a busy box has no spare core.
-                    torch.set_num_threads(torch_threads)
+                # Small models train fastest on one thread, and a busy box has no spare core.
                 handle.trainer = Trainer(
                     node,
                     feed,
                     run_dir,
                     model_dir=assets.model_dir,
                     max_versions=max_versions,
+                    threads=torch_threads,
                     suite=suite,
                     device=(compute or EngineChoice()).device,
                 )
@@ -193,6 +203,8 @@ async def launch(
             yield handle
             nursery.cancel_scope.cancel()
     finally:
+        if handle.trainer is not None:
+            handle.trainer.close()
         if engine is not None:
             engine.close()
         ledger.close()

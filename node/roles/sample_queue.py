@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgpack
 
-from node.compute.grpo import Group
+from node.compute.groups import Group
 from swarm.errors import StorageError
 
 _SCHEMA = """
@@ -29,6 +29,7 @@ CREATE TABLE IF NOT EXISTS accepted (
     step INTEGER
 );
 CREATE INDEX IF NOT EXISTS accepted_free ON accepted (step, version);
+CREATE TABLE IF NOT EXISTS settled (step INTEGER PRIMARY KEY);
 """
 
 
@@ -110,6 +111,28 @@ class SampleQueue:
             "DELETE FROM accepted WHERE version < ? AND (step IS NULL OR step < ?)",
             (min_version, checkpoint_version),
         )
+        self._db.execute(
+            "DELETE FROM settled WHERE step NOT IN"
+            " (SELECT step FROM accepted WHERE step IS NOT NULL)"
+        )
+        return cur.rowcount
+
+    def settle(self, step: int) -> None:
+        """Several trainers: the round of ``step`` went into a published version, so its
+        reservations stay used whatever happens to this trainer."""
+        self._db.execute("INSERT OR IGNORE INTO settled VALUES (?)", (step,))
+
+    def unsettled_steps(self) -> list[int]:
+        """Steps holding reservations whose outcome this trainer did not record."""
+        rows = self._db.execute(
+            "SELECT DISTINCT step FROM accepted WHERE step IS NOT NULL"
+            " AND step NOT IN (SELECT step FROM settled) ORDER BY step"
+        )
+        return [int(r[0]) for r in rows]
+
+    def release(self, step: int) -> int:
+        """Give the reservations of ``step`` back (its round was void, failed or lost)."""
+        cur = self._db.execute("UPDATE accepted SET step = NULL WHERE step = ?", (step,))
         return cur.rowcount
 
     def used_by(self, step: int) -> list[bytes]:

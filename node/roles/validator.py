@@ -15,8 +15,10 @@ neither this node nor the wire. What other validators decide is read by ``node.r
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +46,12 @@ log = logging.getLogger(__name__)
 RETRY_FIRST_S = 1.0  # outbox retry after a failed hand-off, doubling up to RETRY_MAX_S
 RETRY_MAX_S = 8.0
 PULL_EVERY_S = 1.0  # at most one policy pull prompted by submissions, per this interval
+
+
+def trainer_order(submission_id: bytes, trainers: Collection[str]) -> list[str]:
+    """Rendezvous hashing: the trainers in the order a submission is offered to them. Every
+    validator computes the same order, and a trainer's death moves only its own share."""
+    return sorted(trainers, key=lambda t: hashlib.sha256(submission_id + t.encode()).digest())
 
 
 @dataclass
@@ -173,10 +181,10 @@ class Validator:
             self.claims.note(recorded.verdict)
             if judgement.accepted:
                 # In the outbox before any await: a kill after this point loses nothing. The
-                # outbox holds the verdict's id; the verdict names the submission.
-                self.ledger.queue_handoff(
-                    recorded.verdict.id, self.node.config.genesis.message.trainers
-                )
+                # outbox holds the verdict's id; the verdict names the submission, which goes
+                # to one trainer (the first of its rendezvous order; ``_deliver`` moves on).
+                trainers = trainer_order(submission.id, self.node.config.genesis.message.trainers)
+                self.ledger.queue_handoff(recorded.verdict.id, trainers[:1])
         self._count(judgement)
         await self.publish(recorded)
         if judgement.accepted:
@@ -327,15 +335,21 @@ class Validator:
         backoff = RETRY_FIRST_S
         while True:
             pending = self.ledger.pending_handoffs()
-            away: set[str] = set()  # trainers unreachable this round: skip the rest of theirs
+            away: set[str] = set()  # trainers with no stream this round: the next one takes
+            slow: set[str] = set()  # trainers that timed out: asked again next round only
             failed = False
-            for verdict_id, trainer in pending:
-                if trainer in away:
-                    continue
-                pair = self._handoff_pair(verdict_id)
-                if pair is None:
+            for verdict_id, row_trainer in pending:
+                held = self._handoff_pair(verdict_id)
+                if held is None:
                     log.warning("accepted work %s is no longer held; not handed off", verdict_id)
-                    self.ledger.mark_handed(verdict_id, trainer)
+                    self.ledger.mark_handed(verdict_id, row_trainer)
+                    continue
+                submission_id, pair = held
+                # Each submission goes to one trainer (each sample trains once): the first of
+                # its rendezvous order that is not found down this round.
+                order = trainer_order(submission_id, self.node.config.genesis.message.trainers)
+                trainer = next((t for t in order if t not in away), None)
+                if trainer is None or trainer in slow:
                     continue
                 body = msgpack.packb(pair, use_bin_type=True)
                 try:
@@ -343,21 +357,26 @@ class Validator:
                 except SwarmError as exc:
                     failed = True
                     unreachable = type(exc) is NetworkError or isinstance(exc, RequestTimeout)
-                    if unreachable:
+                    if type(exc) is NetworkError:
+                        # No stream at all: the work was not handed, so the next trainer in
+                        # its order may take it. (After a timeout the trainer may hold it:
+                        # that one is asked again, never a second trainer.)
+                        away.add(trainer)
+                    elif unreachable:
                         # One attempt (and one log line) per trainer per round, not one per
                         # waiting submission; a refusal of one item does not hold up the rest.
-                        away.add(trainer)
+                        slow.add(trainer)
                     log.warning(
                         "trainer %s did not take accepted work (%d waiting; retry in %.0f s): %s",
                         trainer[-8:],
-                        sum(1 for _, t in pending if t == trainer),
+                        len(pending),
                         backoff,
                         exc,
                     )
                     if type(exc) is NetworkError:  # no stream at all, not a refusal or timeout
                         await self.node.forget_peer(trainer)
                     continue
-                self.ledger.mark_handed(verdict_id, trainer)
+                self.ledger.mark_handed(verdict_id, row_trainer)
             if failed:
                 await trio.sleep(backoff)  # retry later: the outbox keeps the work
                 backoff = min(backoff * 2, RETRY_MAX_S)
@@ -367,10 +386,12 @@ class Validator:
                 await self._handoff.wait()
                 self._handoff = trio.Event()
 
-    def _handoff_pair(self, verdict_id: bytes) -> list[bytes] | None:
-        """[submission, verdict] envelopes of accepted work, from the evidence store."""
+    def _handoff_pair(self, verdict_id: bytes) -> tuple[bytes, list[bytes]] | None:
+        """The submission's id and the [submission, verdict] envelopes of accepted work, from
+        the evidence store."""
         verdict = self.evidence.store.get(verdict_id)
         if verdict is None:
             return None
-        submission = self.evidence.store.get(decode(verdict, Verdict).message.submission_id)
-        return None if submission is None else [submission, verdict]
+        submission_id = decode(verdict, Verdict).message.submission_id
+        submission = self.evidence.store.get(submission_id)
+        return None if submission is None else (submission_id, [submission, verdict])

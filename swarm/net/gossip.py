@@ -8,6 +8,12 @@ reason in ``GossipStats`` for ``swarm-node status`` and metrics.
 
 ``PolicyTracker`` keeps the newest valid PolicyAnnouncement; the policy gate updates it the moment
 a message is accepted, so two racing announcements of one version cannot both pass.
+
+One policy per version: the gate remembers the manifest accepted for each recent version
+(``MANIFESTS_KEPT``). A genesis trainer's announcement of a known version with another manifest
+is refused (reason ``conflict``, never forwarded) and kept as a ``PolicyConflict``: both signed
+announcements, for ``status``, the ledger's evidence and ``ledger show``. The first manifest a
+node accepted stays its policy, so the run does not fork.
 """
 
 from __future__ import annotations
@@ -47,7 +53,34 @@ REASONS = (
     "wrong-run",
     "duplicate",
     "stale",
+    "conflict",
 )
+POLICY_CONFLICT = "policy-conflict"
+"""Ledger evidence kind under which nodes keep both halves of a ``PolicyConflict``."""
+MANIFESTS_KEPT = 4096
+"""Versions whose accepted manifest id the policy gate remembers, to detect conflicts."""
+
+
+@dataclass(frozen=True)
+class PolicyConflict:
+    """Two signed announcements of one version with different manifests (the first accepted)."""
+
+    version: int
+    accepted: Signed[PolicyAnnouncement]
+    refused: Signed[PolicyAnnouncement]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "accepted": {
+                "manifest": self.accepted.message.manifest_id.hex(),
+                "signer": self.accepted.signer,
+            },
+            "refused": {
+                "manifest": self.refused.message.manifest_id.hex(),
+                "signer": self.refused.signer,
+            },
+        }
 
 
 class Refused(SwarmError):
@@ -116,6 +149,10 @@ class PolicyTracker:
         self.newest: Signed[PolicyAnnouncement] | None = None
         self._changed = trio.Event()
         self._listeners: list[Callable[[Signed[PolicyAnnouncement]], None]] = []
+        self.accepted: OrderedDict[int, Signed[PolicyAnnouncement]] = OrderedDict()
+        """The announcement accepted for each recent version."""
+        self.conflicts: list[PolicyConflict] = []
+        self._conflict_listeners: list[Callable[[PolicyConflict], None]] = []
 
     @property
     def version(self) -> int | None:
@@ -126,6 +163,9 @@ class PolicyTracker:
         if self.newest is not None and signed.message.version <= self.newest.message.version:
             return False
         self.newest = signed
+        self.accepted[signed.message.version] = signed
+        while len(self.accepted) > MANIFESTS_KEPT:
+            self.accepted.popitem(last=False)
         self._changed.set()
         self._changed = trio.Event()
         for listener in list(self._listeners):
@@ -137,6 +177,35 @@ class PolicyTracker:
 
     def on_change(self, listener: Callable[[Signed[PolicyAnnouncement]], None]) -> None:
         self._listeners.append(listener)
+
+    def conflicting(self, signed: Signed[PolicyAnnouncement]) -> PolicyConflict | None:
+        """The conflict ``signed`` makes with the accepted announcement of its version, if any
+        (recorded once, and listeners told)."""
+        held = self.accepted.get(signed.message.version)
+        if held is None or held.message.manifest_id == signed.message.manifest_id:
+            return None
+        for known in self.conflicts:
+            if known.refused.id == signed.id:
+                return known
+        conflict = PolicyConflict(signed.message.version, held, signed)
+        self.conflicts.append(conflict)
+        log.error(
+            "two manifests for policy v%d: kept %s from %s, refused %s from %s",
+            conflict.version,
+            held.message.manifest_id.hex()[:16],
+            held.signer,
+            signed.message.manifest_id.hex()[:16],
+            signed.signer,
+        )
+        for listener in list(self._conflict_listeners):
+            try:
+                listener(conflict)
+            except Exception:
+                log.exception("policy conflict listener failed")
+        return conflict
+
+    def on_conflict(self, listener: Callable[[PolicyConflict], None]) -> None:
+        self._conflict_listeners.append(listener)
 
     async def wait_for(self, version: int) -> Signed[PolicyAnnouncement]:
         """Return once a version >= ``version`` is known (cancel to give up)."""
@@ -170,6 +239,13 @@ class PolicyGate:
             raise Refused("wrong-run", f"announcement of run {signed.message.run_id[:40]!r}")
         if signed.id in self._seen:
             raise Refused("duplicate", "announcement seen before")
+        conflict = self.tracker.conflicting(signed)
+        if conflict is not None:
+            raise Refused(
+                "conflict",
+                f"version {conflict.version} has manifest"
+                f" {conflict.accepted.message.manifest_id.hex()[:16]} already",
+            )
         newest = self.tracker.version
         if newest is not None and signed.message.version <= newest:
             raise Refused("stale", f"version {signed.message.version} is not newer than {newest}")
@@ -251,10 +327,12 @@ def refuse_reason(exc: BaseException) -> str:
 
 __all__ = [
     "LEDGER_MAX_BYTES",
+    "POLICY_CONFLICT",
     "POLICY_MAX_BYTES",
     "REASONS",
     "GossipStats",
     "LedgerGate",
+    "PolicyConflict",
     "PolicyGate",
     "PolicyTracker",
     "Refused",

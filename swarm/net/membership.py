@@ -135,6 +135,21 @@ class Membership:
                     self.found.set()
         return self.peers_by_role()
 
+    async def refresh(self, peer: str) -> Signed[RoleAdvert] | None:
+        """Fetch ``peer``'s advert again now (its capabilities changed since we read it)."""
+        known = self._peers.get(peer)
+        if known is None:
+            return None
+        signed = await self.overlay.get_advert(self.run_id, peer)
+        if (
+            signed is not None
+            and self._accept(known.message.role, signed)
+            and known.message.issued_at < signed.message.issued_at
+        ):
+            self._peers[peer] = signed
+            return signed
+        return known
+
     def _fresh(self, peer: str) -> bool:
         """Known with more than half its advert's lifetime left (no need to fetch it again)."""
         known = self._peers.get(peer)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from node.compute.grpo import Group
+from node.compute.groups import Group
 from node.roles.sample_queue import SampleQueue
 
 
@@ -58,3 +58,17 @@ def test_prune_drops_versions_outside_the_window_but_not_an_unfinished_step(
     assert q.used_by(3) == [b"\x00"]  # the step the checkpoint does not cover keeps its rows
     assert q.prune(min_version=2, checkpoint_version=4) == 1
     assert q.pending() == 1 and not q.put(b"\x03", 3, groups(3))  # the window's rows stay
+
+
+def test_a_group_trainer_keeps_settled_rounds_and_releases_the_rest(tmp_path: Path) -> None:
+    q = SampleQueue(tmp_path / "q.db")
+    for i in range(3):
+        q.put(bytes([i]), 0, groups(0))
+    q.take(step=0, max_submissions=1, min_version=0)
+    q.take(step=1, max_submissions=1, min_version=0)
+    q.settle(0)  # round 0 went into a published version
+    q.close()
+    q = SampleQueue(tmp_path / "q.db")  # a restart
+    assert q.unsettled_steps() == [1]
+    assert q.release(1) == 1
+    assert q.pending() == 2 and q.used_by(0) == [b"\x00"]

@@ -1,0 +1,271 @@
+"""Several trainers, one policy: gradient averaging through hivemind, inside the training child.
+
+Imported only by ``node.compute.train_child`` (hivemind and py-libp2p cannot share a process).
+Decisions this module owns:
+
+- **Transport**: a hivemind DHT per trainer child (its own p2pd, listening on the node's IP) and a
+  ``DecentralizedAverager`` over gradient-shaped tensors, prefix ``swarm-node/<run>/grads``. The
+  DHTs find each other through the multiaddrs that trainers put in their signed RoleAdverts
+  (``connect``), not through hivemind's own bootstrap list.
+- **Liveness** (``live``): each child stores a heartbeat under ``<prefix>/live`` (subkey: its
+  swarm peer id, value: its policy version) every ``HEARTBEAT_S``, expiring after ``LIVE_S``; a
+  trainer killed with -9 drops out of the live set within ``LIVE_S``.
+- **Rounds** (``average``): one round per policy version, in groups of at least two; a lone
+  live trainer steps without the averager, and a round whose peer died fails after
+  ``AVERAGING_TIMEOUT_S`` and is retried once the dead peer has left the live set. A trainer
+  with samples stores a want record under ``<prefix>/want/<version>`` and calls the averager;
+  an idle trainer that sees a want for its version joins with weight 0 (``wanted``). Gradients
+  are averaged weighted by sample count, so the group's step equals one trainer's step on the
+  union of the samples. Every member gathers ``{peer, version, samples}``, so all members agree
+  on who was in the round.
+- **Publisher** (``RoundResult.publisher``): the smallest swarm peer id among the round's
+  members. The publisher checks that every trainer that wanted this version is in its round; if
+  not (two groups formed for one version), it stores a void record and nobody in the round
+  publishes: their samples go back to the queue. Of two split groups, at most one sees no
+  outsider, so at most one manifest is cut per version. A member whose round failed voids it
+  too (the others may have finished it), with a time stamp, so a later round of the same
+  version is not void.
+- **Cancellation/death**: a failed or timed-out round raises ``RoundFailed``; the caller releases
+  the samples. Forked helpers die with the child (``PR_SET_PDEATHSIG`` via
+  ``os.register_at_fork``), and the parent kills the child's process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import hivemind
+import torch
+from hivemind.averaging.averager import DecentralizedAverager
+from hivemind.utils import get_dht_time
+
+from node.compute.groups import RoundFailed
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 1.0
+LIVE_S = 6.0
+WANT_S = 20.0
+DONE_S = 24 * 3600.0
+AVERAGING_TIMEOUT_S = 10.0
+MATCHMAKING_S = 1.0
+
+
+def die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: this process gets SIGKILL when the one that forked it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+@dataclass
+class RoundResult:
+    members: list[str]
+    group_samples: int
+    publisher: str
+    void: bool = False
+    seconds: float = 0.0
+    bytes_averaged: int = 0
+
+
+@dataclass
+class GroupStats:
+    rounds_averaged: int = 0
+    rounds_failed: int = 0
+    rounds_void: int = 0
+    samples_contributed: int = 0
+    averaging_seconds: float = 0.0
+    bytes_averaged: int = 0
+    last_members: list[str] = field(default_factory=list)
+    last_publisher: str | None = None
+
+
+class TrainerGroup:
+    """This trainer's membership in the hivemind group of a run's trainers."""
+
+    def __init__(
+        self, peer: str, run_id: str, host: str, params: list[torch.Tensor], trainers: int
+    ) -> None:
+        os.register_at_fork(after_in_child=die_with_parent)
+        self.peer = peer
+        self.prefix = f"swarm-node/{run_id}"
+        self.dht = hivemind.DHT(host_maddrs=[f"/ip4/{host}/tcp/0"], start=True)
+        self.averager = DecentralizedAverager(
+            [torch.zeros_like(p, device="cpu") for p in params],
+            self.dht,
+            prefix=f"{self.prefix}/grads",
+            start=True,
+            target_group_size=trainers,
+            min_group_size=2,
+            min_matchmaking_time=MATCHMAKING_S,
+            request_timeout=0.5,
+            part_size_bytes=4 << 20,
+        )
+        self.tensor_bytes = sum(p.numel() * 4 for p in params)
+        self.version = 0
+        self.stats = GroupStats()
+        self._connected: set[str] = set()
+        self._started: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, daemon=True)
+        self._beat.start()
+
+    def addrs(self) -> list[str]:
+        return [str(a) for a in self.dht.get_visible_maddrs()]
+
+    def connect(self, addrs: list[str]) -> None:
+        """Add other trainers' DHT addresses (from their adverts); unreachable ones are skipped."""
+        for addr in addrs:
+            if addr in self._connected or addr in self.addrs():
+                continue
+            try:
+                self.dht.run_coroutine(_Connect(addr))
+                self._connected.add(addr)
+            except Exception as exc:  # a stale advert: the next discovery tries again
+                log.info("hivemind peer %s not reached: %s", addr, exc)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.dht.store(
+                    f"{self.prefix}/live",
+                    self.version,
+                    get_dht_time() + LIVE_S,
+                    subkey=self.peer,
+                )
+            except Exception as exc:  # the DHT is shutting down or busy: try again
+                log.debug("heartbeat failed: %s", exc)
+            self._stop.wait(HEARTBEAT_S)
+
+    def _records(self, key: str) -> dict[str, Any]:
+        found = self.dht.get(key, latest=True)
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        now = get_dht_time()
+        return {str(k): v.value for k, v in found.value.items() if v.expiration_time > now}
+
+    def live(self) -> dict[str, int]:
+        """Live trainers (swarm peer id -> policy version), this one included."""
+        return {**self._records(f"{self.prefix}/live"), self.peer: self.version}
+
+    def wanted(self, version: int) -> list[str]:
+        """Trainers that want a round at ``version``."""
+        return sorted(self._records(f"{self.prefix}/want/{version}"))
+
+    def void(self, version: int) -> bool:
+        """Whether a member voided our last round at ``version`` (a void record made after we
+        started it: the publisher saw an outsider, or a member's round failed)."""
+        since = self._started.get(version, 0.0)
+        voids = self._records(f"{self.prefix}/void/{version}")
+        return any(float(t) > since for t in voids.values())
+
+    def _void(self, version: int) -> None:
+        now = get_dht_time()
+        self.dht.store(f"{self.prefix}/void/{version}", now, now + WANT_S, subkey=self.peer)
+
+    def record_round(self, version: int, members: list[str]) -> None:
+        """Say (for a day) whose samples went into the published version ``version + 1``: a
+        trainer that died after the round asks this on restart, so its samples train once."""
+        self.dht.store(f"{self.prefix}/done/{version}", members, get_dht_time() + DONE_S)
+
+    def round_members(self, version: int) -> list[str] | None:
+        found = self.dht.get(f"{self.prefix}/done/{version}", latest=True)
+        return None if found is None else [str(p) for p in found.value]
+
+    def average(self, grads: list[torch.Tensor], samples: int, version: int) -> RoundResult:
+        """Replace ``grads`` by the group's sample-weighted mean (``RoundFailed`` on failure)."""
+        self.version = version
+        started = time.perf_counter()
+        self._started = {version: get_dht_time()}
+        want = f"{self.prefix}/want/{version}"
+        self.dht.store(want, True, get_dht_time() + WANT_S, subkey=self.peer)
+        if set(self.live()) == {self.peer}:
+            # Alone: nothing to average with (a peer that died has left the live set).
+            result = RoundResult([self.peer], samples, self.peer)
+            self.stats.samples_contributed += samples
+            self.stats.last_members, self.stats.last_publisher = [self.peer], self.peer
+            return result
+        with self.averager.get_tensors() as tensors:
+            for t, g in zip(tensors, grads, strict=True):
+                t.copy_(g)
+        try:
+            gathered = self.averager.step(
+                gather={"peer": self.peer, "version": version, "samples": samples},
+                weight=float(samples),
+                timeout=AVERAGING_TIMEOUT_S,
+            )
+        except Exception as exc:
+            # Others of this round may have finished it: void it for them too, so that no one
+            # publishes a round whose samples some member is about to release.
+            self.stats.rounds_failed += 1
+            self._void(version)
+            raise RoundFailed(f"averaging round for v{version} failed: {exc}") from exc
+        if not gathered:
+            self.stats.rounds_failed += 1
+            self._void(version)
+            raise RoundFailed(f"averaging round for v{version} found no group")
+        infos = list(gathered.values())
+        if any(int(i["version"]) != version for i in infos):
+            self.stats.rounds_failed += 1
+            raise RoundFailed(
+                f"a round for v{version} mixed versions {sorted({i['version'] for i in infos})}"
+            )
+        members = sorted(str(i["peer"]) for i in infos)
+        total = sum(int(i["samples"]) for i in infos)
+        if total > 0:
+            with self.averager.get_tensors() as tensors:
+                for t, g in zip(tensors, grads, strict=True):
+                    g.copy_(t)
+        result = RoundResult(members, total, members[0], seconds=time.perf_counter() - started)
+        result.bytes_averaged = self.tensor_bytes * (len(members) > 1)
+        if result.publisher == self.peer:
+            outsiders = set(self.wanted(version)) - set(members)
+            if outsiders:
+                log.warning(
+                    "v%d: %s wanted this round but averaged elsewhere; the round is void",
+                    version,
+                    sorted(outsiders),
+                )
+                self._void(version)
+                result.void = True
+        s = self.stats
+        s.averaging_seconds += result.seconds
+        s.bytes_averaged += result.bytes_averaged
+        s.last_members, s.last_publisher = members, result.publisher
+        if result.void:
+            s.rounds_void += 1
+        else:
+            s.rounds_averaged += len(members) > 1
+            s.samples_contributed += samples
+        return result
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(Exception):
+            self.averager.shutdown()
+        with contextlib.suppress(Exception):
+            self.dht.shutdown()
+
+
+class _Connect:
+    """Runs inside hivemind's DHT process: connect p2pd to ``addr`` and ping it into the routing
+    table (hivemind has no public call to add a peer after start)."""
+
+    def __init__(self, addr: str) -> None:
+        self.addr = addr
+
+    async def __call__(self, dht: Any, node: Any) -> None:
+        from hivemind.p2p import PeerID
+        from multiaddr import Multiaddr
+
+        maddr = Multiaddr(self.addr)
+        peer_id = PeerID.from_base58(maddr["p2p"])
+        await node.p2p._client.connect(peer_id, [maddr.decapsulate(f"/p2p/{maddr['p2p']}")])
+        await node.protocol.call_ping(peer_id, validate=False, strict=False)

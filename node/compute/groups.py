@@ -1,0 +1,82 @@
+"""GRPO data without torch: a group (what the trainer's queue stores and what crosses the pipe
+to the training child), a step's statistics, and the collapse watch the node process runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from swarm.errors import SwarmError
+
+
+class RoundFailed(SwarmError):
+    """An averaging round between trainers did not complete (a peer died, timed out, or the
+    members were at different versions); nothing was applied."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """G completions of one prompt, their rewards, and the policy version that sampled them."""
+
+    prompt: list[int]
+    completions: list[list[int]]
+    rewards: list[float]
+    version: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.prompt, self.completions, self.rewards, self.version]
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> Group:
+        prompt, completions, rewards, version = obj
+        return cls(
+            [int(t) for t in prompt],
+            [[int(t) for t in c] for c in completions],
+            [float(r) for r in rewards],
+            int(version),
+        )
+
+
+@dataclass(frozen=True)
+class StepStats:
+    version: int
+    """The version this step produced."""
+    sampled_by: int
+    """The newest policy version among the step's samples."""
+    mean_reward: float
+    kept_groups: int
+    total_groups: int
+    samples: int
+    tokens: int
+    loss: float
+    grad_norm: float
+    clip_fraction: float
+    entropy: float
+
+    @property
+    def kept_fraction(self) -> float:
+        return self.kept_groups / self.total_groups if self.total_groups else 0.0
+
+
+class CollapseGuard:
+    """Watches for the collapse the design describes: reward falls to zero, every group has zero
+    advantage, and no signal is left. After ``patience`` such steps in a row, ``observe`` answers
+    the version to roll back to: the newest one whose own samples still earned reward."""
+
+    def __init__(self, patience: int = 3) -> None:
+        self.patience = patience
+        self.last_good: int | None = None
+        self._dead_steps = 0
+
+    def observe(self, stats: StepStats) -> int | None:
+        dead = stats.kept_groups == 0 and stats.mean_reward == 0.0
+        if not dead:
+            self._dead_steps = 0
+            if stats.mean_reward > 0:
+                self.last_good = stats.sampled_by
+            return None
+        self._dead_steps += 1
+        if self._dead_steps >= self.patience and self.last_good is not None:
+            self._dead_steps = 0
+            return self.last_good
+        return None

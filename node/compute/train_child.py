@@ -1,0 +1,263 @@
+"""The trainer's compute child: model, optimizer, checkpoints and each version's safetensors,
+and (several trainers) hivemind; the node process keeps the queue, networking and publishing.
+
+Run as ``python -m node.compute.train_child``; frames as in ``node.compute.child`` (msgpack, no
+pickle). Parent side: :class:`TrainerChild`. Requests:
+
+- ``init`` {model_dir, device, config, keep_versions, pad_id, checkpoint, policies, threads, group}
+  -> {version, hivemind_addrs}. ``group`` (several genesis trainers) starts hivemind
+  (``node.compute.averaging``) and is ``None`` for a lone trainer, which never loads hivemind.
+- ``step`` {groups, version} -> {stats, round, weights}: one GRPO step from ``version`` (which
+  must be the child's), gradient averaged with the live trainers when in a group; writes the
+  new version's safetensors (``policies/v<N>.safetensors``) and the checkpoint.
+- ``load`` {version, path}: continue from another trainer's published copy of ``version``.
+- ``discard`` {version}: undo a void round (back to the held weights of ``version``).
+- ``relabel`` {version}: the current weights become ``version`` (a lost copy republished).
+- ``rollback`` {version} -> {taken, weights}; ``connect`` {addrs}; ``wanted`` {version};
+  ``void`` {version}; ``live``; ``record_round`` {version, members}; ``round_members``
+  {version}; ``status``.
+
+The checkpoint is written after every change of version, atomically; the node's sample queue
+releases reservations of steps at or after the version a restarted child reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from node.compute.child import FramedChild, read_frame, write_frame
+from node.compute.groups import Group, RoundFailed
+from swarm.errors import EngineError, SwarmError
+
+
+class TrainerChild(FramedChild):
+    """Parent side of the training child. Calls block: run them with ``trio.to_thread``."""
+
+    module = "node.compute.train_child"
+    what = "trainer child"
+
+    def __init__(self, spec: dict[str, Any], log_path: Path | None = None) -> None:
+        self._lock_init()
+        self.log_path = log_path
+        self.spec = spec
+        self._spawn()
+        info = self._call("init", spec)
+        self.version: int = int(info["version"])
+        self.hivemind_addrs: list[str] = list(info["hivemind_addrs"])
+
+    def step(self, groups: list[Group], version: int) -> dict[str, Any]:
+        """One step; ``{"failed": why}`` when the averaging round failed (nothing changed)."""
+        out: dict[str, Any] = self._call(
+            "step", {"groups": [g.to_wire() for g in groups], "version": version}
+        )
+        if "stats" in out:
+            self.version = int(out["stats"]["version"])
+        return out
+
+    def load(self, version: int, path: Path) -> None:
+        self._call("load", {"version": version, "path": str(path)})
+        self.version = version
+
+    def discard(self, version: int) -> None:
+        self._call("discard", {"version": version})
+        self.version = version
+
+    def rollback(self, version: int) -> dict[str, Any]:
+        out: dict[str, Any] = self._call("rollback", {"version": version})
+        self.version = int(out["version"])
+        return out
+
+    def relabel(self, version: int) -> None:
+        self._call("relabel", {"version": version})
+        self.version = version
+
+    def connect(self, addrs: list[str]) -> None:
+        self._call("connect", {"addrs": addrs})
+
+    def wanted(self, version: int) -> list[str]:
+        return [str(p) for p in self._call("wanted", {"version": version})]
+
+    def void(self, version: int) -> bool:
+        return bool(self._call("void", {"version": version}))
+
+    def live(self) -> dict[str, int]:
+        return {str(k): int(v) for k, v in self._call("live", {}).items()}
+
+    def record_round(self, version: int, members: list[str]) -> None:
+        self._call("record_round", {"version": version, "members": members})
+
+    def round_members(self, version: int) -> list[str] | None:
+        found = self._call("round_members", {"version": version})
+        return None if found is None else [str(p) for p in found]
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = self._call("status", {})
+        return out
+
+
+# -- the child side ------------------------------------------------------------------------------
+
+
+class _Training:
+    def __init__(self, args: dict[str, Any]) -> None:
+        import torch
+
+        from node.compute.grpo import GRPOConfig, GRPOTrainer
+        from node.model import load_causal_lm
+
+        if args.get("threads"):
+            torch.set_num_threads(int(args["threads"]))
+        self.group: Any = None
+        device = str(args.get("device") or "cpu")
+        model = load_causal_lm(Path(args["model_dir"]), dtype="float32", device=device)
+        if args.get("group"):
+            # Before any thread or other fork: hivemind forks its DHT and averager now.
+            from node.compute.averaging import TrainerGroup
+
+            g = args["group"]
+            self.group = TrainerGroup(
+                g["peer"], g["run_id"], g["host"], list(model.parameters()), int(g["trainers"])
+            )
+        self.grpo = GRPOTrainer(
+            model,
+            GRPOConfig(**args["config"]),
+            keep_versions=int(args["keep_versions"]),
+            pad_id=int(args["pad_id"]),
+        )
+        self.checkpoint = Path(args["checkpoint"])
+        self.policies = Path(args["policies"])
+        self.policies.mkdir(parents=True, exist_ok=True)
+        if self.checkpoint.exists():
+            self.grpo.load_checkpoint(self.checkpoint)
+        if self.group is not None:
+            self.group.version = self.grpo.version
+        self._write(self.grpo.version, again=False)
+
+    def _write(self, version: int, *, again: bool = True) -> str:
+        from safetensors.torch import save_file
+
+        path = self.policies / f"v{version}.safetensors"
+        if again or not path.exists():
+            tmp = path.with_name(path.name + ".tmp")
+            save_file(self.grpo.weights(), str(tmp))
+            tmp.replace(path)
+        return str(path)
+
+    def _settle(self) -> str:
+        """After a change of version: the checkpoint, and the version's weights file."""
+        if self.group is not None:
+            self.group.version = self.grpo.version
+        self.grpo.save_checkpoint(self.checkpoint)
+        return self._write(self.grpo.version)
+
+    def serve(self, op: str, args: dict[str, Any]) -> Any:
+        if op == "step":
+            return self.step([Group.from_wire(g) for g in args["groups"]], int(args["version"]))
+        if op == "load":
+            from safetensors.torch import load_file
+
+            version = int(args["version"])
+            self.grpo.load_version(version, load_file(args["path"]))
+            self._settle()
+            return None
+        if op == "discard":
+            version = int(args["version"])
+            undone = self.grpo.version
+            self.grpo.load_version(version, dict(self.grpo._snapshots[version]))
+            self.grpo.forget(undone)
+            (self.policies / f"v{undone}.safetensors").unlink(missing_ok=True)
+            self._settle()
+            return None
+        if op == "relabel":
+            self.grpo.relabel(int(args["version"]))
+            return self._settle()
+        if op == "rollback":
+            taken = self.grpo.rollback(int(args["version"]))
+            return {"taken": taken, "version": self.grpo.version, "weights": self._settle()}
+        if op == "status":
+            return None if self.group is None else asdict(self.group.stats)
+        if self.group is None:
+            raise EngineError(f"{op!r} needs a trainer group (the genesis names one trainer)")
+        if op == "connect":
+            self.group.connect([str(a) for a in args["addrs"]])
+            return None
+        if op == "wanted":
+            return self.group.wanted(int(args["version"]))
+        if op == "void":
+            return self.group.void(int(args["version"]))
+        if op == "live":
+            return self.group.live()
+        if op == "record_round":
+            self.group.record_round(int(args["version"]), [str(m) for m in args["members"]])
+            return None
+        if op == "round_members":
+            return self.group.round_members(int(args["version"]))
+        raise EngineError(f"unknown trainer request {op!r}")
+
+    def step(self, groups: list[Group], version: int) -> dict[str, Any]:
+        if version != self.grpo.version:
+            raise EngineError(f"step from v{version} asked of a child at v{self.grpo.version}")
+        round_info: dict[str, Any] | None = None
+        average = None
+        if self.group is not None:
+            group = self.group
+
+            def average(grads: list[Any], samples: int) -> int:
+                nonlocal round_info
+                result = group.average(grads, samples, version)
+                round_info = asdict(result)
+                return int(result.group_samples)
+
+        try:
+            stats = self.grpo.step(groups, average)
+        except RoundFailed as exc:  # nothing changed here: the caller releases the samples
+            return {"failed": str(exc)}
+        return {"stats": asdict(stats), "round": round_info, "weights": self._settle()}
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.shutdown()
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # stray prints must not corrupt the channel
+    training: _Training | None = None
+    try:
+        while True:
+            try:
+                request = read_frame(stdin)
+            except EngineError as exc:
+                print(f"trainer child: {exc}", file=sys.stderr)
+                return
+            if request is None or request.get("op") == "close":
+                return
+            try:
+                op, args = request["op"], request.get("args") or {}
+                if op == "init":
+                    training = _Training(args)
+                    addrs = training.group.addrs() if training.group is not None else []
+                    result: Any = {"version": training.grpo.version, "hivemind_addrs": addrs}
+                elif training is None:
+                    raise EngineError("trainer child got a request before init")
+                else:
+                    result = training.serve(op, args)
+                write_frame(stdout, {"ok": True, "result": result})
+            except (SwarmError, KeyError, TypeError, ValueError, RuntimeError) as exc:
+                write_frame(stdout, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        if training is not None:
+            training.close()
+
+
+if __name__ == "__main__":
+    main()
