@@ -106,9 +106,14 @@ async def test_two_trainers_average_and_survive_kill_9(tmp_path: Path) -> None:
     # Each accepted submission went to one trainer only.
     assert not queued[0] & queued[1]
     ledger = LedgerStore.open_existing(swarm.validator_ledger())
-    # The trainers' queues keep the async window (``SampleQueue.prune``): work of versions at
-    # or above ``newest - async_level`` is still there, whichever trainer took it.
-    floor = max(seen) - DEMO_PARAMS.async_level
+    # The trainers' queues keep the async window (``SampleQueue.prune`` after each version):
+    # work made by versions at or above the newest weights file of either trainer less
+    # ``async_level`` is still there, whichever trainer took it.
+    floor = -DEMO_PARAMS.async_level + max(
+        int(f.stem[1:])
+        for name in names
+        for f in (swarm.proc(name).home / "runs" / swarm.run_id).glob("policies/v*.safetensors")
+    )
     verdicts = [decode(raw, Verdict) for raw in ledger.raw_verdicts()]
     accepted = {
         v.message.submission_id
