@@ -120,7 +120,6 @@ async def test_two_trainers_average_and_survive_kill_9(tmp_path: Path) -> None:
         for v in verdicts
         if v.message.accepted and v.message.policy_version >= floor
     }
-    assert accepted, "no accepted work inside the last window"
     waiting = set()
     for verdict_id, _ in ledger.pending_handoffs(limit=100000):  # the outbox holds verdict ids
         facts = ledger.verdict_facts(verdict_id)
