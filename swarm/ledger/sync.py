@@ -98,8 +98,8 @@ def _answer_get(store: LedgerStore, items: list[Any]) -> list[Any]:
     out: list[Any] = []
     size = 0
     for prefix in items:
-        if not isinstance(prefix, bytes) or not 1 <= len(prefix) <= 32:
-            raise MalformedError("a get item is an id prefix of 1 to 32 bytes")
+        if not isinstance(prefix, bytes) or not ID_PREFIX <= len(prefix) <= 32:
+            raise MalformedError(f"a get item is an id prefix of {ID_PREFIX} to 32 bytes")
         for raw, verdicts in store.with_verdicts(prefix):
             if size > ANSWER_BUDGET:
                 return out
@@ -168,14 +168,13 @@ async def _differences(
             prefix, kind, data = entry
             asked.discard(prefix)
             if kind == "ids" and isinstance(data, list):
-                held = {i[:ID_PREFIX] for i in store.ids_under(prefix)}
-                wanted += [
+                wanted += [  # one indexed lookup each, however much we hold there
                     p
                     for p in data[:LEAF]
                     if isinstance(p, bytes)
                     and len(p) == ID_PREFIX
-                    and p not in held
                     and p.hex().startswith(prefix)
+                    and not store.ids_under(p.hex(), 1)
                 ]
             elif kind == "split" and isinstance(data, list) and len(data) == 16:
                 for child, theirs in zip(children(prefix), data, strict=True):
