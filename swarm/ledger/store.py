@@ -26,9 +26,9 @@ Decisions this module owns:
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,10 @@ from swarm.ledger.reconcile import INDEX_DIGITS, RangeIndex, bounds, summarise
 from swarm.ledger.records import SCHEMA as RECORDS_SCHEMA
 from swarm.ledger.records import WorkRecords
 from swarm.ledger.rules import Entry, VerdictFacts, check_event, check_verdict
+from swarm.ledger.views import BalanceView, EventRow
 from swarm.messages import LedgerEvent, RunGenesis, Signed, Verdict, decode, run_id_of
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "2"
 MAX_PENDING = 10_000
@@ -91,21 +94,6 @@ _FACTS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class EventRow:
-    """One stored event as ``ledger show`` prints it (no signature check: it was checked on
-    insert)."""
-
-    id: bytes
-    event: str
-    peer: str
-    amount: int
-    evidence: bytes
-    signer: str
-    created_at: int
-    counted: bool
-
-
 class LedgerStore(WorkRecords):
     """One run's ledger in one SQLite file. Not thread-safe: use it from one thread (the node's
     event loop), or open one store per thread."""
@@ -115,6 +103,8 @@ class LedgerStore(WorkRecords):
         self.genesis = genesis
         self._run_id = run_id_of(genesis)
         self._index: RangeIndex | None = None
+        self.refused_pending = 0
+        """Pending events refused when their verdict came (this process)."""
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(path, isolation_level=None)
@@ -243,9 +233,13 @@ class LedgerStore(WorkRecords):
             ).fetchall()
             for event_id, raw in rows:
                 self._db.execute("DELETE FROM pending WHERE id = ?", (event_id,))
-                # Refused now (say, a wrong amount): dropped, it can never become valid.
-                with contextlib.suppress(ValidationError):
+                try:
                     added += self.add([decode(bytes(raw), LedgerEvent)])
+                except ValidationError as exc:  # say, a wrong amount: it can never become valid
+                    self.refused_pending += 1
+                    log.warning(
+                        "ledger refused pending event %s: %s", bytes(event_id).hex()[:16], exc
+                    )
         return added
 
     def _insert_verdict(self, verdict: Signed[Verdict], f: VerdictFacts) -> None:
@@ -319,6 +313,7 @@ class LedgerStore(WorkRecords):
             "banned": self.banned(banned_limit),
             "disputes": self.dispute_count(),
             "pending": self.pending_count(),
+            "refused_pending": self.refused_pending,
         }
 
     def verdict_facts(self, verdict_id: bytes) -> VerdictFacts | None:
@@ -350,11 +345,11 @@ class LedgerStore(WorkRecords):
     def balances(self) -> Balances:
         """Balances backed by the store's table: ``of(peer)`` is one lookup."""
         p = self.genesis.message.params
-        return Balances(p.initial_balance, p.ban_threshold, _BalanceView(self._db))
+        return Balances(p.initial_balance, p.ban_threshold, BalanceView(self._db))
 
     def stored_balances(self) -> dict[str, int]:
         """Every materialised balance (peers with at least one counted event)."""
-        return dict(_BalanceView(self._db).items())
+        return dict(BalanceView(self._db).items())
 
     def banned(self, limit: int = 100) -> list[str]:
         """Up to ``limit`` banned peers, lowest balance first."""
@@ -475,25 +470,3 @@ class LedgerStore(WorkRecords):
 
     def close(self) -> None:
         self._db.close()
-
-
-class _BalanceView(Mapping[str, int]):
-    """The balances table as a read-only mapping: lookups by key, never a whole-table read
-    unless iterated."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __getitem__(self, peer: str) -> int:
-        row = self._db.execute("SELECT balance FROM balances WHERE peer = ?", (peer,)).fetchone()
-        if row is None:
-            raise KeyError(peer)
-        return int(row[0])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(
-            [str(p) for (p,) in self._db.execute("SELECT peer FROM balances ORDER BY peer")]
-        )
-
-    def __len__(self) -> int:
-        return int(self._db.execute("SELECT count(*) FROM balances").fetchone()[0])
