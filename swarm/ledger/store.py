@@ -19,8 +19,9 @@ Decisions this module owns:
 - Reads never fold the ledger: ``balance``, ``banned``, ``page``, ``disputes`` and
   ``balances().by_peer`` (a live view) are index lookups, whatever the ledger's size.
 - Sync reads range summaries (``swarm.ledger.reconcile``): an in-memory ``RangeIndex`` of the
-  top ranges, built on first use (one scan of the ids: about 0.2 s per 100,000 events, once per
-  process) and kept up to date after each commit.
+  top ranges, built once per process (one scan of the ids, about 0.2 s per 100,000 events: the
+  replica builds it in a thread with ``scan_index``/``adopt_index``, or the first sync builds it
+  on demand) and kept up to date after each commit.
 """
 
 from __future__ import annotations
@@ -446,6 +447,32 @@ class LedgerStore(WorkRecords):
                 )
             return self._index.summary(prefix)
         return summarise(self.ids_under(prefix))
+
+    @staticmethod
+    def scan_index(path: Path) -> tuple[RangeIndex, int]:
+        """Build the range index from a separate read-only connection (safe in a worker
+        thread while the owner keeps writing): the index and the last rowid it covers."""
+        try:
+            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                db.execute("BEGIN")  # one snapshot for both reads
+                top = int(db.execute("SELECT max(rowid) FROM events").fetchone()[0] or 0)
+                rows = db.execute("SELECT id FROM events WHERE rowid <= ?", (top,))
+                index = RangeIndex(bytes(i) for (i,) in rows)
+            finally:
+                db.close()
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(f"ledger {path}: cannot read: {exc}") from exc
+        return index, top
+
+    def adopt_index(self, index: RangeIndex, upto_rowid: int) -> None:
+        """Use an index built by ``scan_index``, adding the events stored since its snapshot
+        (events are never deleted, so rowids only grow)."""
+        if self._index is not None:
+            return  # built meanwhile, on demand
+        for (i,) in self._db.execute("SELECT id FROM events WHERE rowid > ?", (upto_rowid,)):
+            index.add(bytes(i))
+        self._index = index
 
     def ids_under(self, prefix: str, limit: int = -1) -> list[bytes]:
         """The ids under a hex ``prefix``, in order (at most ``limit``; -1: all)."""

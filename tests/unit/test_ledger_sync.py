@@ -51,6 +51,19 @@ def test_prefix_bounds_cover_exactly_their_ids() -> None:
     assert bounds("abc") == (b"\xab\xc0", b"\xab\xd0")
 
 
+def test_an_index_scanned_in_a_snapshot_catches_up_on_adoption(
+    stores: tuple[LedgerStore, LedgerStore],
+) -> None:
+    a, _ = stores
+    fill(a, PAIRS[:200])
+    index, upto = LedgerStore.scan_index(a.path)
+    fill(a, PAIRS[200:])  # stored after the snapshot
+    a.adopt_index(index, upto)
+    ids = [e.id for _, e in PAIRS]
+    for prefix in ("", "7", "c0"):
+        assert a.range_summary(prefix) == summarise(i for i in ids if i.hex().startswith(prefix))
+
+
 def test_the_range_index_agrees_with_a_scan() -> None:
     ids = [e.id for _, e in PAIRS]
     index = RangeIndex(ids)
