@@ -260,12 +260,35 @@ class Swarm:
             store.close()
 
     def credited(self, name: str) -> list[bytes]:
-        """The submission id of every credit event in ``name``'s ledger (duplicates kept)."""
+        """The submission id of every counted credit in ``name``'s ledger (duplicates kept): a
+        credit cites its verdict, which names the submission."""
         store = LedgerStore.open_existing(self.run_dir(name) / "ledger.db")
         try:
-            return [e.message.evidence for e in store.events() if e.message.event == "credit"]
+            return [submission for submission, _ in self.credited_versions(name, store)]
         finally:
             store.close()
+
+    def credited_versions(
+        self, name: str, store: LedgerStore | None = None
+    ) -> list[tuple[bytes, int]]:
+        """Counted credits of ``name``'s ledger: (submission id, its policy version)."""
+        own = store is None
+        if store is None:
+            store = LedgerStore.open_existing(self.run_dir(name) / "ledger.db")
+        try:
+            credits = [e for e in store.events() if e.message.event == "credit"]
+            facts = [
+                store.verdict_facts(e.message.evidence) for e in credits if store.is_counted(e.id)
+            ]
+            return [(f.submission, f.policy_version) for f in facts if f is not None]
+        finally:
+            if own:
+                store.close()
+
+    def queue_versions(self) -> list[int]:
+        path = self.run_dir("trainer") / "samples.db"
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            return [int(v) for (v,) in db.execute("SELECT DISTINCT version FROM accepted")]
 
     def trainer_queue(self) -> dict[bytes, int | None]:
         path = self.run_dir("trainer") / "samples.db"
@@ -434,8 +457,17 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
     credited = swarm.credited("validator")
     assert credited, "no submission was ever credited"
     assert len(credited) == len(set(credited)), "a submission was credited twice"
+    # The trainer's queue keeps only the versions in its async window (older accepted work is
+    # dropped after each checkpoint): every credited submission of those must be there.
+    credit_versions = swarm.credited_versions("validator")
+
+    def kept_credits_queued() -> bool:
+        queue = swarm.trainer_queue()
+        kept_from = min(swarm.queue_versions() or [0])
+        return {s for s, v in credit_versions if v >= kept_from} <= set(queue)
+
     wait_for(
-        lambda: set(credited) <= set(swarm.trainer_queue()),
+        kept_credits_queued,
         90,
         f"every credited submission in the trainer's sample queue ({swarm.handoffs()})",
         swarm,
