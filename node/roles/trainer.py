@@ -41,7 +41,8 @@ from swarm.net.protocols import SAMPLES_LIMITS
 log = logging.getLogger(__name__)
 
 POLICY_ARCHIVE_BYTES = 1 << 30
-"""Published weights kept in ``policies/`` so that audits can replay old verdicts."""
+"""Published weights kept in ``policies/`` (and served by SHARDCAST, as many versions as fit
+this budget) so that audits can replay old verdicts."""
 
 
 @dataclass
@@ -163,6 +164,10 @@ class Trainer:
         else:
             weights = self.grpo.weights()
             await trio.to_thread.run_sync(lambda: save_file(weights, str(path)))
+        # Auditors fetch the weights of old verdicts from the swarm: the trainer keeps serving
+        # every published version that fits the archive budget, not only the async window.
+        size = max(1, path.stat().st_size)
+        self.feed.store.keep = max(self.feed.store.keep, POLICY_ARCHIVE_BYTES // size)
         await self.feed.publish(version, path)
         self._prune_policies(version)
         self.stats.published_at[version] = round(time.monotonic() - self.stats.started, 3)
