@@ -144,6 +144,11 @@ async def test_a_fresh_worker_fetches_the_bound_model_and_is_credited(
             )
         )
         assert worker.assets is not None and worker.assets.model_dir == dirs.model(card)
+        assert worker.status()["model"] == {
+            "name": "test-qwen2",
+            "card": card.card_id(),
+            "dir": str(dirs.model(card)),
+        }
         check_dir(card, dirs.model(card))  # every file, the weights included, as the card says
         assert worker.assets.data_set == dirs.data_set(genesis.message.task_data)  # type: ignore[arg-type]
         assert worker.feed.store.info(0).pinned  # v0 is kept, so later joiners can fetch it
