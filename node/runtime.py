@@ -274,10 +274,12 @@ class Node:
                 for peer in peers:
                     if peer in connected or len(connected) >= MAX_GOSSIP_PEERS:
                         continue
-                    if await self.connect_peer(peer) is None:
+                    # Direct addresses only: a private peer dials out to us anyway, and a
+                    # circuit per pair of peers would use up the relays' circuit limits.
+                    if await self.connect_peer(peer, circuits=False) is None:
                         connected.add(peer)
 
-    async def connect_peer(self, peer_id: str) -> str | None:
+    async def connect_peer(self, peer_id: str, *, circuits: bool = True) -> str | None:
         """Connect to a run peer at its advertised addresses, circuits included, unless
         connected; ``None`` on success, else why not (``Overlay.connect``). When every
         address fails, the advert is looked up again once: the peer may have moved to
@@ -285,13 +287,13 @@ class Node:
         advert = self.membership.advert_of(peer_id)
         if advert is None:
             return None if self.overlay.connected(peer_id) else "no advert known"
-        why = await self.overlay.connect(peer_id, advert.message.addrs)
-        if why is None:
-            return None
+        why = await self.overlay.connect(peer_id, advert.message.addrs, circuits=circuits)
+        if why is None or not circuits:
+            return why
         newer = await self.membership.refresh_advert(peer_id)
         if newer is None or newer.message.addrs == advert.message.addrs:
             return why
-        return await self.overlay.connect(peer_id, newer.message.addrs)
+        return await self.overlay.connect(peer_id, newer.message.addrs, circuits=circuits)
 
     # -- what roles use -----------------------------------------------------------------------
 

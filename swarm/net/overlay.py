@@ -315,10 +315,12 @@ class Overlay:
         except SwarmError:
             return False
 
-    async def connect(self, peer_id: str, addrs: Sequence[str], timeout: float = 3.0) -> str | None:
+    async def connect(
+        self, peer_id: str, addrs: Sequence[str], timeout: float = 3.0, *, circuits: bool = True
+    ) -> str | None:
         """Connect to ``peer_id`` at one of ``addrs`` unless connected: direct addresses
-        first, then circuits through their relays. ``None`` when connected, else why not
-        (every address's reason)."""
+        first, then (with ``circuits``) circuits through their relays. ``None`` when
+        connected, else why not (every address's reason)."""
         if self.connected(peer_id):
             return None
         whys: list[str] = []
@@ -328,7 +330,7 @@ class Overlay:
                 continue
             try:
                 if is_circuit(addr):
-                    if self.relay is None:
+                    if self.relay is None or not circuits:
                         continue
                     await self.relay.dial_circuit(addr, timeout=3 * timeout)
                     return None
