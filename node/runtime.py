@@ -396,6 +396,7 @@ class Node:
             "bootstrap_connected": self.bootstrap_connected,
             "reachability": self.overlay.reachability(),
             "reachability_detail": self.overlay.reach.as_dict(),
+            "dht_mode": self.overlay.dht_mode(),
             "relay": self.overlay.relay.status() if self.overlay.relay else None,
             "policy_version": None if newest is None else newest.message.version,
             "policy_manifest": None if newest is None else newest.message.manifest_id.hex(),

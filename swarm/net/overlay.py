@@ -267,8 +267,12 @@ class Overlay:
         return direct_path(self.host, peer_id)
 
     def reachability(self) -> str:
-        """ "public", "private" or "unknown" (``reach.reason`` says why)."""
+        """Our verdict: public, private or unknown (``reach.reason`` says why)."""
         return self.reach.status
+
+    def dht_mode(self) -> str:
+        """Whether we answer DHT queries ("server") or only ask ("client")."""
+        return "server" if self.dht.mode == DHTMode.SERVER else "client"
 
     async def check_reachability(self, servers: Sequence[str]) -> Reachability:
         """Ask ``servers`` (connected peer IDs, normally our bootstrap peers) to dial us back

@@ -50,6 +50,7 @@ async def test_dialback_reports_a_listening_node_public_and_a_closed_port_privat
         reach = await a.check_reachability([boot.peer_id])
         assert reach.status == "public", reach.reason
         assert "dialed back at /ip4/127.0.0.1/tcp/" in reach.reason
+        assert a.dht_mode() == "server"
         await trio.sleep(10.1)  # the server answers one request per peer per 10 s
         closed = _free_port()
         result = await ask_dialback(a.host, boot.peer_id, [closed])

@@ -123,6 +123,8 @@ def test_workers_behind_nat_join_through_relays_and_survive_losing_one(swarm: Sw
     worker_a = swarm.status("workerA") or {}
     assert "/p2p-circuit/" in " ".join(worker_a["listen_addrs"]), worker_a["listen_addrs"]
     assert "nobody could dial us back" in worker_a["reachability_detail"]["reason"]
+    assert worker_a["dht_mode"] == "client"  # only reachable nodes serve the DHT
+    assert (swarm.status("trainer") or {}).get("dht_mode") == "server"
 
     # Both workers fetch the policy, submit and are credited.
     wait_for(lambda: policy_version(swarm, "trainer") >= 1, 240, "policy v1", swarm)
