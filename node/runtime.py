@@ -30,7 +30,7 @@ import trio
 
 from node import admin
 from node.home import NodeHome
-from swarm.errors import ConfigError, NotAuthorizedError
+from swarm.errors import ConfigError, NotAuthorizedError, SwarmError
 from swarm.identity import NodeKey
 from swarm.messages import PolicyAnnouncement, Role, RunGenesis, Signed, decode_any, run_id_of, sign
 from swarm.net import (
@@ -239,16 +239,15 @@ class Node:
         """Ask the bootstrap peers to dial us back now and then (sooner while unknown)."""
         while True:
             servers = [p for p in self._bootstrap_peer_ids() if self.overlay.connected(p)]
+            before = self.overlay.addrs()
             with trio.move_on_after(60):
                 reach = await self.overlay.check_reachability(servers)
                 log.info("reachability: %s (%s)", reach.status, reach.reason)
-                if reach.status == "private" and self.config.announce:
-                    log.warning(
-                        "announce address %s is not reachable (%s); peers will reach us"
-                        " through relays: fix [node] announce or forward the port",
-                        ", ".join(self.config.announce),
-                        reach.reason,
-                    )
+            if self.overlay.addrs() != before and self.membership.mine is not None:
+                try:  # an announce address dropped or restored: say so in our advert
+                    await self._addrs_changed()
+                except SwarmError as exc:
+                    log.warning("republishing our addresses failed: %s", exc)
             unknown = self.overlay.reach.status == "unknown"
             await trio.sleep(30.0 if unknown else self.config.recheck_reachability_s)
 
