@@ -384,6 +384,7 @@ def status(
         "role",
         "peer_id",
         "reachability",
+        "dht_mode",
         "policy_version",
         "uptime_s",
         "connected_peers",
