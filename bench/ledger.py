@@ -180,18 +180,22 @@ def status_ms(store: LedgerStore, peer: str) -> float:
     return statistics.median(times)
 
 
-async def sync(a: LedgerStore, b: LedgerStore) -> tuple[int, int, int, float]:
-    """(bytes both ways, round trips, events added, seconds) of B pulling from A."""
+async def sync(a: LedgerStore, b: LedgerStore) -> tuple[int, int, int, float, float]:
+    """(bytes both ways, round trips, events added, seconds) of B pulling from A, and the
+    seconds one replica takes to build its range index."""
 
     async def ask(body: bytes) -> bytes:
         return serve(a, body)
 
+    start = time.perf_counter()
     a.range_summary("")  # build each side's range index before the clock starts: a node
     b.range_summary("")  # builds it once per process, not once per sync
+    index_s = (time.perf_counter() - start) / 2
     start = time.perf_counter()
     result = await pull(b, ask)
     seconds = time.perf_counter() - start
-    return result.bytes_sent + result.bytes_received, result.round_trips, result.added, seconds
+    wire = result.bytes_sent + result.bytes_received
+    return wire, result.round_trips, result.added, seconds, index_s
 
 
 def main() -> None:
@@ -219,7 +223,7 @@ def main() -> None:
         a = LedgerStore(base, g)
         with_verdict = insert_rate(a, diff, 100)  # A: base + 1%, timed as inserts
         b = LedgerStore(workdir / "b.db", g)
-        wire, trips, added, sync_s = trio.run(sync, a, b)
+        wire, trips, added, sync_s, index_s = trio.run(sync, a, b)
         missing_bytes = sum(len(v) + len(e) for v, e in diff)
         assert added == missing and len(a) == len(b), (added, missing, len(a), len(b))
         insert_per_s = event_rate(a, extra, 100)
@@ -246,6 +250,7 @@ def main() -> None:
         "sync_bytes_ratio_events_only": round(wire / sum(len(e) for _, e in diff), 3),
         "sync_round_trips": trips,
         "sync_seconds": round(sync_s, 2),
+        "range_index_build_s": round(index_s, 2),
         "build_base_s": round(build_s, 1),
         "sign_s": round(sign_s, 1),
         "total_s": round(total_s, 1),

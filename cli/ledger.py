@@ -191,6 +191,10 @@ def audit(
         typer.Option("--run", help="With --bootstrap: the genesis of the run to audit."),
     ] = None,
     bootstrap_peers: BootstrapOption = None,
+    discover: Annotated[
+        float,
+        typer.Option("--discover", min=1, help="Seconds to look for the run's validators."),
+    ] = 60.0,
     workdir: Annotated[
         Path | None,
         typer.Option("--workdir", help="Where a swarm audit keeps what it fetched (default: temp)"),
@@ -228,7 +232,7 @@ def audit(
                 "name what to audit: LEDGER_DB, BUNDLE, or --run GENESIS --bootstrap ADDR"
             )
         assets = AuditAssets(model=model, tasks=tasks, home=home)
-        path, rows = _audit_swarm(run, bootstrap_peers, workdir, credits, assets)
+        path, rows = _audit_swarm(run, bootstrap_peers, workdir, credits, discover, assets)
         _print_rows(path, rows, as_json)
         return
     if target[0] == "export":
@@ -256,7 +260,12 @@ def audit(
 
 
 def _audit_swarm(
-    run: Path, bootstrap: list[str], workdir: Path | None, credits: int | None, assets: Any
+    run: Path,
+    bootstrap: list[str],
+    workdir: Path | None,
+    credits: int | None,
+    discover: float,
+    assets: Any,
 ) -> tuple[Path, list[Any]]:
     """Gather from the swarm (a node that leaves before the replay), then replay offline."""
     import tempfile
@@ -272,7 +281,7 @@ def _audit_swarm(
     folder = workdir or Path(tempfile.mkdtemp(prefix="swarm-audit-"))
     n = 8 if credits is None else credits
     console.print(f"fetching the ledger, evidence and weights of run {run_id_of(genesis)}...")
-    gathered = trio.run(lambda: gather(genesis, bootstrap, folder, credits=n))
+    gathered = trio.run(lambda: gather(genesis, bootstrap, folder, credits=n, discover_s=discover))
     if gathered.missing_versions:
         console.print(f"weights not served by any peer: v{gathered.missing_versions}")
     evidence = EvidenceStore(gathered.evidence)

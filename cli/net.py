@@ -384,6 +384,7 @@ def status(
         "role",
         "peer_id",
         "reachability",
+        "dht_mode",
         "policy_version",
         "uptime_s",
         "connected_peers",
@@ -423,6 +424,10 @@ def status(
 
 def _role_rows(table: Table, role_status: dict[str, Any]) -> None:
     """The role's own figures: ledger standing, work done, downloads."""
+    model = role_status.get("model")
+    if model:
+        where = model.get("dir") or "being fetched from peers"
+        table.add_row("model", f"{model.get('name')} (card {model.get('card')}): {where}")
     ledger = role_status.get("ledger", {})
     if ledger:
         table.add_row("ledger balance", str(ledger.get("balance")))

@@ -31,7 +31,7 @@ from node.roles.evidence import EvidenceService, cited
 from node.roles.ledger_sync import LedgerReplica
 from node.runtime import Node, RuntimeConfig
 from node.shardcast import ShardcastService
-from swarm.errors import SwarmError
+from swarm.errors import NetworkError, PeerError, SwarmError
 from swarm.evidence import EvidenceStore
 from swarm.identity import NodeKey
 from swarm.ledger import LedgerStore
@@ -42,6 +42,9 @@ from swarm.shardcast import FetchConfig, ShardStore
 log = logging.getLogger(__name__)
 
 SYNC_ROUNDS = 5
+STEP_S = 60.0
+"""At most this long for one sync exchange or one slash's evidence (a peer that stalls costs
+a bounded wait; what it did not serve shows as a failed row)."""
 
 
 @dataclass
@@ -66,7 +69,7 @@ async def gather(
     *,
     credits: int | None = 8,
     listen: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
-    discover_s: float = 20.0,
+    discover_s: float = 60.0,
     dial: DialPolicy | None = None,
 ) -> Gathered:
     """Copy the ledger, the evidence and the weights an audit needs from the swarm."""
@@ -85,13 +88,22 @@ async def gather(
     shards = ShardStore(workdir / "shards", keep=1 << 20)
     try:
         async with Node.start(config) as node:
+            started = trio.current_time()
+
+            def done(what: str) -> None:
+                log.info("audit: %s (%.1f s)", what, trio.current_time() - started)
+
             evidence = EvidenceService(node, evidence_store)
             evidence.serve()
             validators = await _find_validators(node, genesis, discover_s)
-            synced = await _sync(LedgerReplica(node, ledger), node, validators)
+            done(f"{len(validators)} validators reached")
+            synced = await _sync(LedgerReplica(node, ledger), validators)
+            done(f"ledger of {len(ledger)} events synced")
             replayed = await _keep_evidence(ledger, evidence, validators, credits)
+            done(f"evidence of {len(replayed)} events fetched")
             versions = _versions_judged(ledger, evidence_store, replayed)
             fetched, missing = await _fetch_weights(node, genesis, shards, versions)
+            done(f"weights of versions {fetched} fetched ({missing} missing)")
     finally:
         ledger.close()
         evidence_store.close()
@@ -101,31 +113,61 @@ async def gather(
 
 
 async def _find_validators(node: Node, genesis: Signed[RunGenesis], wait_s: float) -> list[str]:
-    wanted = set(genesis.message.validators)
+    """Connect to the genesis validators: their peer ids are in the genesis, their addresses in
+    their signed adverts on the DHT (one lookup each, no role enumeration)."""
+    from swarm.errors import ConfigError
+    from swarm.net.dial import dial_once
+
+    wanted = list(genesis.message.validators)
+    found: list[str] = []
     with trio.move_on_after(wait_s):
-        while not wanted <= set(node.peers_by_role().get("validator", [])):
-            await trio.sleep(0.2)
-    found = node.peers_by_role().get("validator", [])
+        while len(found) < len(wanted):
+            for peer in wanted:
+                if peer in found:
+                    continue
+                # Dial the advertised addresses even when a connection exists: the dial puts
+                # them in the peerstore, so a stream can be opened again if it drops.
+                advert = node.membership.advert_of(peer)
+                if advert is None:
+                    with trio.move_on_after(5.0):
+                        advert = await node.overlay.get_advert(node.run_id, peer)
+                for addr in advert.message.addrs if advert is not None else ():
+                    try:
+                        if await dial_once(node.overlay.host, addr, 5.0) is None:
+                            found.append(peer)
+                            break
+                    except ConfigError:
+                        continue  # an address we cannot parse: the next one
+            if len(found) < len(wanted):
+                await trio.sleep(0.5)
     if not found:
-        log.warning("no validator of the run found in %.0f s", wait_s)
+        raise PeerError(
+            f"no validator of run {node.run_id} reached in {wait_s:.0f} s through"
+            f" {len(node.bootstrap_connected)} bootstrap peer(s); check --bootstrap, or wait"
+            " longer (--discover)"
+        )
+    if len(found) < len(wanted):
+        log.warning("%d of %d validators reached; auditing with those", len(found), len(wanted))
     return found
 
 
-async def _sync(replica: LedgerReplica, node: Node, validators: list[str]) -> list[str]:
-    """Sync with every validator, then every other peer, until a round adds nothing."""
-    others = [p for role, ps in node.peers_by_role().items() if role != "bootstrap" for p in ps]
-    peers = [p for p in dict.fromkeys([*validators, *others]) if p != node.peer_id]
+async def _sync(replica: LedgerReplica, validators: list[str]) -> list[str]:
+    """Sync with every validator (each holds the whole ledger it judged and synced) until a
+    round adds nothing; each exchange bounded by ``STEP_S``."""
     answered: list[str] = []
     for _ in range(SYNC_ROUNDS):
         added = 0
-        for peer in peers:
-            try:
-                added += (await replica.sync_with(peer)).added
-            except SwarmError as exc:
-                log.info("ledger sync with %s failed: %s", peer[-8:], exc)
-                continue
-            if peer not in answered:
-                answered.append(peer)
+        for peer in validators:
+            with trio.move_on_after(STEP_S):
+                try:
+                    added += (await replica.sync_with(peer)).added
+                except SwarmError as exc:
+                    log.info("ledger sync with %s failed: %s", peer[-8:], exc)
+                    if type(exc) is NetworkError:  # no stream at all: dial afresh next round
+                        await replica.node.forget_peer(peer)
+                    continue
+                if peer not in answered:
+                    answered.append(peer)
         if not added:
             break
     return answered
@@ -141,7 +183,8 @@ async def _keep_evidence(
     accusing = [e for e in events if e.message.event in ("slash", "dispute")]
     replayed = [*accusing, *sample_credits(events, counted, credits)]
     for event in replayed:
-        await evidence.keep(cited(event), [event.signer, *validators], pinned=True)
+        with trio.move_on_after(STEP_S):
+            await evidence.keep(cited(event), [event.signer, *validators], pinned=True)
     return replayed
 
 
@@ -173,13 +216,12 @@ async def _fetch_weights(
             if shards.is_complete(version):
                 fetched.append(version)
                 continue
-            try:
-                await service.fetch(
-                    version, config=FetchConfig(stall_timeout=10.0, give_up_after=30.0)
-                )
-            except SwarmError as exc:
-                log.warning("weights of policy v%d not fetched: %s", version, exc)
-                missing.append(version)
-                continue
-            fetched.append(version)
+            with trio.move_on_after(STEP_S):
+                try:
+                    await service.fetch(
+                        version, config=FetchConfig(stall_timeout=10.0, give_up_after=30.0)
+                    )
+                except SwarmError as exc:
+                    log.warning("weights of policy v%d not fetched: %s", version, exc)
+            (fetched if shards.is_complete(version) else missing).append(version)
     return fetched, missing

@@ -67,6 +67,8 @@ class PolicyFeed:
         self.service: ShardcastService | None = None
         self._locks: dict[int, trio.Lock] = {}
         self._v0_checked = False
+        self._refused_v0: bytes | None = None
+        """The manifest id of a v0 refused as not the card's weights: never fetched again."""
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Serve shards and the newest announcement; catch up on the policy until cancelled."""
@@ -190,6 +192,10 @@ class PolicyFeed:
     async def fetch(self, announcement: Signed[PolicyAnnouncement]) -> Path:
         """The local file of the announced version, fetched (or resumed) when missing."""
         version = announcement.message.version
+        if version == 0 and announcement.message.manifest_id == self._refused_v0:
+            raise ValidationError(
+                "policy v0 of this announcement was refused before (not the run's model weights)"
+            )
         local = await self.fetch_version(version)
         if self.store.manifest(version).id != announcement.message.manifest_id:
             raise ValidationError(
@@ -229,6 +235,7 @@ class PolicyFeed:
             return
         why = await trio.to_thread.run_sync(mismatch, card.weights, path)
         if why is not None:
+            self._refused_v0 = self.store.manifest(0).id
             shutil.rmtree(self.store.directory(0), ignore_errors=True)
             raise ValidationError(
                 f"policy v0 {why}: the trainer's version 0 is not the run's model weights"

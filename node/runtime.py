@@ -30,7 +30,7 @@ import trio
 
 from node import admin
 from node.home import NodeHome
-from swarm.errors import ConfigError, NotAuthorizedError
+from swarm.errors import ConfigError, NotAuthorizedError, SwarmError
 from swarm.identity import NodeKey
 from swarm.messages import PolicyAnnouncement, Role, RunGenesis, Signed, decode_any, run_id_of, sign
 from swarm.net import (
@@ -239,16 +239,15 @@ class Node:
         """Ask the bootstrap peers to dial us back now and then (sooner while unknown)."""
         while True:
             servers = [p for p in self._bootstrap_peer_ids() if self.overlay.connected(p)]
+            before = self.overlay.addrs()
             with trio.move_on_after(60):
                 reach = await self.overlay.check_reachability(servers)
                 log.info("reachability: %s (%s)", reach.status, reach.reason)
-                if reach.status == "private" and self.config.announce:
-                    log.warning(
-                        "announce address %s is not reachable (%s); peers will reach us"
-                        " through relays: fix [node] announce or forward the port",
-                        ", ".join(self.config.announce),
-                        reach.reason,
-                    )
+            if self.overlay.addrs() != before and self.membership.mine is not None:
+                try:  # an announce address dropped or restored: say so in our advert
+                    await self._addrs_changed()
+                except SwarmError as exc:
+                    log.warning("republishing our addresses failed: %s", exc)
             unknown = self.overlay.reach.status == "unknown"
             await trio.sleep(30.0 if unknown else self.config.recheck_reachability_s)
 
@@ -274,10 +273,12 @@ class Node:
                 for peer in peers:
                     if peer in connected or len(connected) >= MAX_GOSSIP_PEERS:
                         continue
-                    if await self.connect_peer(peer) is None:
+                    # Direct addresses only: a private peer dials out to us anyway, and a
+                    # circuit per pair of peers would use up the relays' circuit limits.
+                    if await self.connect_peer(peer, circuits=False) is None:
                         connected.add(peer)
 
-    async def connect_peer(self, peer_id: str) -> str | None:
+    async def connect_peer(self, peer_id: str, *, circuits: bool = True) -> str | None:
         """Connect to a run peer at its advertised addresses, circuits included, unless
         connected; ``None`` on success, else why not (``Overlay.connect``). When every
         address fails, the advert is looked up again once: the peer may have moved to
@@ -285,13 +286,13 @@ class Node:
         advert = self.membership.advert_of(peer_id)
         if advert is None:
             return None if self.overlay.connected(peer_id) else "no advert known"
-        why = await self.overlay.connect(peer_id, advert.message.addrs)
-        if why is None:
-            return None
+        why = await self.overlay.connect(peer_id, advert.message.addrs, circuits=circuits)
+        if why is None or not circuits:
+            return why
         newer = await self.membership.refresh_advert(peer_id)
         if newer is None or newer.message.addrs == advert.message.addrs:
             return why
-        return await self.overlay.connect(peer_id, newer.message.addrs)
+        return await self.overlay.connect(peer_id, newer.message.addrs, circuits=circuits)
 
     # -- what roles use -----------------------------------------------------------------------
 
@@ -394,6 +395,7 @@ class Node:
             "bootstrap_connected": self.bootstrap_connected,
             "reachability": self.overlay.reachability(),
             "reachability_detail": self.overlay.reach.as_dict(),
+            "dht_mode": self.overlay.dht_mode(),
             "relay": self.overlay.relay.status() if self.overlay.relay else None,
             "policy_version": None if newest is None else newest.message.version,
             "policy_manifest": None if newest is None else newest.message.manifest_id.hex(),

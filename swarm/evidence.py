@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+from swarm.dbfile import open_wal
 from swarm.errors import StorageError
 
 DEFAULT_BUDGET_BYTES: Final = 512 * 1024 * 1024
@@ -51,17 +52,10 @@ class EvidenceStore:
     def __init__(self, path: Path, *, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
         self.path = path
         self.budget_bytes = budget_bytes
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-            (unpinned,) = self._db.execute(
-                "SELECT coalesce(sum(size), 0) FROM objects WHERE pinned = 0"
-            ).fetchone()
-        except sqlite3.DatabaseError as exc:
-            raise StorageError(f"evidence store {path} cannot be opened: {exc}") from exc
+        self._db = open_wal(path, _SCHEMA, "evidence store")
+        (unpinned,) = self._db.execute(
+            "SELECT coalesce(sum(size), 0) FROM objects WHERE pinned = 0"
+        ).fetchone()
         self._unpinned_bytes = int(unpinned)
         """Bytes of unpinned objects, kept up to date by ``put``/``pin`` (one scan at open)."""
 

@@ -20,6 +20,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from swarm.dbfile import open_wal
 from swarm.errors import StorageError
 from swarm.messages import Signed, Verdict
 
@@ -50,14 +51,7 @@ class ClaimBook:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.DatabaseError as exc:
-            raise StorageError(f"claims {path} cannot be opened: {exc}") from exc
+        self._db = open_wal(path, _SCHEMA, "claims")
 
     def claim(
         self,

@@ -20,7 +20,7 @@ from typing import Any
 
 from node.roles.judge import OTHER_SUBMISSION
 from node.runtime import Node
-from swarm.errors import MalformedError, PeerError, SwarmError
+from swarm.errors import MalformedError, NetworkError, PeerError, SwarmError
 from swarm.evidence import EvidenceStore, address_of
 from swarm.messages import LedgerEvent, Signed, Verdict, decode_any
 from swarm.net.names import EVIDENCE
@@ -87,6 +87,8 @@ class EvidenceService:
                 signed = decode_any(raw)
             except SwarmError as exc:
                 log.debug("evidence %s not from %s: %s", object_id.hex()[:16], peer[-8:], exc)
+                if type(exc) is NetworkError:  # no stream at all: dial afresh next time
+                    await self.node.forget_peer(peer)
                 continue
             self.fetched += 1
             return signed

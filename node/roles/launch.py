@@ -89,7 +89,14 @@ class RoleHandle:
     trainer: Trainer | None = None
 
     def status(self) -> dict[str, Any]:
+        card = self.node.config.genesis.message.model
         out: dict[str, Any] = {
+            "model": {
+                "name": card.name,
+                "card": card.card_id() if card.bound else None,
+                # None while the model is still being fetched from peers
+                "dir": None if self.assets is None else str(self.assets.model_dir),
+            },
             "shardcast": self.feed.status(),
             "ledger": self.replica.status(),
         }

@@ -80,6 +80,10 @@ class LedgerReplica:
     async def run(self) -> None:
         self.node.subscribe_ledger(self._on_gossip)
         self.node.handle(SYNC, self._on_sync, SYNC_LIMITS)
+        # The range index needs one scan of every id (~2 s at a million events): in a thread,
+        # so the event loop keeps serving meanwhile.
+        index, upto = await trio.to_thread.run_sync(LedgerStore.scan_index, self.store.path)
+        self.store.adopt_index(index, upto)
         while True:
             await trio.sleep(self.every_s)
             peers = [

@@ -58,7 +58,8 @@ from swarm.net.protocols import SAMPLES_LIMITS
 log = logging.getLogger(__name__)
 
 POLICY_ARCHIVE_BYTES = 1 << 30
-"""Published weights kept in ``policies/`` so that audits can replay old verdicts."""
+"""Published weights kept in ``policies/`` (and served by SHARDCAST, as many versions as fit
+this budget) so that audits can replay old verdicts."""
 IDLE_POLL_S = 0.5
 """How often an idle group trainer asks whether a peer wants a round."""
 TAKEOVER_AFTER_S = 60.0
@@ -201,7 +202,12 @@ class Trainer:
                 lambda: check_dir(card, self.model_dir, what="trainer model")
             )
             await trio.to_thread.run_sync(shutil.copyfile, source, path)
-        await self.feed.publish(version, self._weights_path(version))
+        # Auditors fetch the weights of old verdicts from the swarm: the trainer keeps serving
+        # every published version that fits the archive budget, not only the async window.
+        path = self._weights_path(version)
+        size = max(1, path.stat().st_size)
+        self.feed.store.keep = max(self.feed.store.keep, POLICY_ARCHIVE_BYTES // size)
+        await self.feed.publish(version, path)
         self._prune_policies(version)
         self.stats.published_at[version] = round(time.monotonic() - self.stats.started, 3)
         log.info("published policy v%d", version)

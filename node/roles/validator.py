@@ -169,16 +169,7 @@ class Validator:
                 self.stats.judge_seconds += time.perf_counter() - started
                 if self.rogue is not None:
                     judgement = self.rogue(submission, judgement, ctx)
-            recorded = record_judgement(
-                self.ledger,
-                self.evidence.store,
-                self.node.key,
-                submission,
-                judgement,
-                self.params,
-                related=related,
-            )
-            self.claims.note(recorded.verdict)
+            recorded = self._record(submission, judgement, related=related)
             if judgement.accepted:
                 # In the outbox before any await: a kill after this point loses nothing. The
                 # outbox holds the verdict's id; the verdict names the submission, which goes
@@ -246,16 +237,7 @@ class Validator:
             )
             if judgement.accepted or judgement.severity != "hard":
                 return judgement
-            recorded = record_judgement(
-                self.ledger,
-                self.evidence.store,
-                self.node.key,
-                submission,
-                judgement,
-                p,
-                disputed=disputed,
-            )
-            self.claims.note(recorded.verdict)
+            recorded = self._record(submission, judgement, disputed=disputed)
         await self.publish(recorded)
         return judgement
 
@@ -278,19 +260,32 @@ class Validator:
             judgement = equivocation(other, decode(raw, RolloutSubmission))
             if judgement is None:
                 return False
-            recorded = record_judgement(
-                self.ledger,
-                self.evidence.store,
-                self.node.key,
-                other,
-                judgement,
-                self.params,
-                related=[decode(raw, RolloutSubmission)],
-            )
-            self.claims.note(recorded.verdict)
+            recorded = self._record(other, judgement, related=[decode(raw, RolloutSubmission)])
         self._count(judgement)
         await self.publish(recorded)
         return True
+
+    def _record(
+        self,
+        submission: Signed[RolloutSubmission],
+        judgement: Judgement,
+        *,
+        related: list[Signed[RolloutSubmission]] | None = None,
+        disputed: Signed[Verdict] | None = None,
+    ) -> Recorded:
+        """Sign and store the verdict, its events and evidence; the verdict is our claim."""
+        recorded = record_judgement(
+            self.ledger,
+            self.evidence.store,
+            self.node.key,
+            submission,
+            judgement,
+            self.params,
+            related=related or [],
+            disputed=disputed,
+        )
+        self.claims.note(recorded.verdict)
+        return recorded
 
     async def _judge(self, submission: Signed[RolloutSubmission], ctx: JudgeContext) -> Judgement:
         """The model's part of the judgement (the precheck passed): on the submission's version."""

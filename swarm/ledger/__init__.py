@@ -34,7 +34,8 @@ The contract (what validators sign, what every replica checks; docs/protocol.md 
 
 from swarm.ledger.fold import Balances, fold, winners
 from swarm.ledger.rules import EQUIVOCATION, Entry, VerdictFacts, check_event, check_verdict
-from swarm.ledger.store import EventRow, LedgerStore
+from swarm.ledger.store import LedgerStore
+from swarm.ledger.views import EventRow
 
 __all__ = [
     "EQUIVOCATION",

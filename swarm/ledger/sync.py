@@ -18,6 +18,9 @@ Decisions this module owns:
 - Each event comes with the verdicts it cites, so the asker can check it on arrival; verdicts it
   already holds are recognised by id (sha256 of the bytes) and not decoded again. What the rules
   refuse is counted and reported, never kept; one bad event does not keep the good ones out.
+- The asker does not trust the answerer's summaries: a split's 16 counts must add up to the
+  count given for that range (give or take ``GROWTH`` events stored meanwhile), and one pull
+  visits at most ``MAX_PULL_RANGES`` ranges, so a lying peer costs a bounded amount of work.
 - Sync pulls: it fills the asker's gaps; the answerer fills its own when it asks in turn.
 """
 
@@ -39,6 +42,8 @@ LEAF = 16
 ID_PREFIX = 8
 MAX_RANGES = 1024
 MAX_GET = 1024
+MAX_PULL_RANGES = 1 << 20  # a million-event ledger 1% apart needs about 14,000
+GROWTH = 4096
 ANSWER_BUDGET = 4 * 1024 * 1024
 MAX_REQUEST = MAX_RANGES * 96 + 1024  # a range: a prefix of <= 64 chars, a count, 12 bytes
 MAX_ANSWER = ANSWER_BUDGET + LedgerEvent.MAX_BYTES + 2 * Verdict.MAX_BYTES + 4096
@@ -98,8 +103,8 @@ def _answer_get(store: LedgerStore, items: list[Any]) -> list[Any]:
     out: list[Any] = []
     size = 0
     for prefix in items:
-        if not isinstance(prefix, bytes) or not 1 <= len(prefix) <= 32:
-            raise MalformedError("a get item is an id prefix of 1 to 32 bytes")
+        if not isinstance(prefix, bytes) or not ID_PREFIX <= len(prefix) <= 32:
+            raise MalformedError(f"a get item is an id prefix of {ID_PREFIX} to 32 bytes")
         for raw, verdicts in store.with_verdicts(prefix):
             if size > ANSWER_BUDGET:
                 return out
@@ -156,6 +161,12 @@ async def _differences(
     """The id prefixes the peer holds in ranges where ``store`` differs and lacks them."""
     queue = [""]
     wanted: list[bytes] = []
+    # A lying answerer could send us down every range: its splits must add up to the counts it
+    # gave for their parents (give or take GROWTH events stored meanwhile: a live node keeps
+    # inserting), so each level queues about as many ranges as it claims events, and one pull
+    # visits at most MAX_PULL_RANGES ranges.
+    claimed: dict[str, int] = {}
+    asked_total = 0
     while queue:
         batch, queue = queue[:MAX_RANGES], queue[MAX_RANGES:]
         asked = set(batch)
@@ -168,21 +179,30 @@ async def _differences(
             prefix, kind, data = entry
             asked.discard(prefix)
             if kind == "ids" and isinstance(data, list):
-                held = {i[:ID_PREFIX] for i in store.ids_under(prefix)}
-                wanted += [
+                wanted += [  # one indexed lookup each, however much we hold there
                     p
                     for p in data[:LEAF]
                     if isinstance(p, bytes)
                     and len(p) == ID_PREFIX
-                    and p not in held
                     and p.hex().startswith(prefix)
+                    and not store.ids_under(p.hex(), 1)
                 ]
             elif kind == "split" and isinstance(data, list) and len(data) == 16:
+                if not all(
+                    isinstance(t, list) and len(t) == 2 and type(t[0]) is int and t[0] >= 0
+                    for t in data
+                ):
+                    raise PeerError("a ledger-sync split holds 16 [count, fingerprint]")
+                total = sum(t[0] for t in data)
+                if total > claimed.setdefault(prefix, total) + GROWTH or len(prefix) >= 64:
+                    raise PeerError("a ledger-sync split contradicts the counts it gave before")
                 for child, theirs in zip(children(prefix), data, strict=True):
-                    if not (isinstance(theirs, list) and len(theirs) == 2):
-                        raise PeerError("a ledger-sync split holds 16 [count, fingerprint]")
                     if theirs[0] and tuple(theirs) != _summary(store, child):
+                        claimed[child] = theirs[0]
                         queue.append(child)
+                        asked_total += 1
+                if asked_total > MAX_PULL_RANGES:
+                    raise PeerError(f"a ledger-sync peer led us through {asked_total} ranges")
             else:
                 raise PeerError(f"a ledger-sync range answer of unknown kind {str(kind)[:16]!r}")
     return wanted

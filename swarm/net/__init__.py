@@ -9,7 +9,9 @@ Modules, each one thing:
 - ``streams``: length-framed request/response with size limits and deadlines;
 - ``dial``: bootstrap dialing with backoff and per-address reasons;
 - ``paths``: the two IP addresses of a direct connection (for SHARDCAST's data channel);
-- ``overlay``: host + DHT + GossipSub + AutoNAT + ping, started and stopped together;
+- ``reach``: reachability by dial-back from a fresh host (``/swarm-node/dialback/1``);
+- ``relay``: circuit relay v2 hop with limits, explicit reservations, circuit dials, DCUtR;
+- ``overlay``: host + DHT + GossipSub + relays + ping, started and stopped together;
 - ``membership``: publish our RoleAdvert and provider record, find peers by role.
 
 libp2p types never cross this package's public functions except as ``Any`` handles

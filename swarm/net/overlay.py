@@ -267,8 +267,12 @@ class Overlay:
         return direct_path(self.host, peer_id)
 
     def reachability(self) -> str:
-        """ "public", "private" or "unknown" (``reach.reason`` says why)."""
+        """Our verdict: public, private or unknown (``reach.reason`` says why)."""
         return self.reach.status
+
+    def dht_mode(self) -> str:
+        """Whether we answer DHT queries ("server") or only ask ("client")."""
+        return "server" if self.dht.mode == DHTMode.SERVER else "client"
 
     async def check_reachability(self, servers: Sequence[str]) -> Reachability:
         """Ask ``servers`` (connected peer IDs, normally our bootstrap peers) to dial us back
@@ -315,10 +319,12 @@ class Overlay:
         except SwarmError:
             return False
 
-    async def connect(self, peer_id: str, addrs: Sequence[str], timeout: float = 3.0) -> str | None:
+    async def connect(
+        self, peer_id: str, addrs: Sequence[str], timeout: float = 3.0, *, circuits: bool = True
+    ) -> str | None:
         """Connect to ``peer_id`` at one of ``addrs`` unless connected: direct addresses
-        first, then circuits through their relays. ``None`` when connected, else why not
-        (every address's reason)."""
+        first, then (with ``circuits``) circuits through their relays. ``None`` when
+        connected, else why not (every address's reason)."""
         if self.connected(peer_id):
             return None
         whys: list[str] = []
@@ -328,7 +334,7 @@ class Overlay:
                 continue
             try:
                 if is_circuit(addr):
-                    if self.relay is None:
+                    if self.relay is None or not circuits:
                         continue
                     await self.relay.dial_circuit(addr, timeout=3 * timeout)
                     return None

@@ -380,6 +380,7 @@ __all__ = [
     "RELAY_LIMITS",
     "RelayClient",
     "RelayHop",
+    "RelayLimits",
     "Reservation",
     "is_circuit",
     "quiet_relay_loggers",

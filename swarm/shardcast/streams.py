@@ -199,12 +199,14 @@ class StreamShardSource:
             raise PeerError(f"{peer} sent a bad data channel offer: {exc}") from exc
         if not same_ip(offer.host, path.remote_ip):
             self.refused_offers += 1
-            log.warning(
+            behind_nat = _private(offer.host) and not _private(path.remote_ip)
+            (log.info if behind_nat else log.warning)(
                 "refused the data channel offer of %s: it names host %s, but our connection to"
-                " it is with %s; fetching its shards over libp2p streams",
+                " it is with %s%s; fetching its shards over libp2p streams",
                 peer[-8:],
                 offer.host[:64],
                 path.remote_ip,
+                " (it is behind a NAT: a punched hole or a forwarded port)" if behind_nat else "",
             )
             raise PeerError(f"{peer} offered a data channel at another host ({offer.host[:64]})")
         return path.remote_ip, offer.port, offer.token

@@ -227,3 +227,39 @@ def test_vllm_engine_matches_torch_sampling() -> None:
         assert check_sampling(pre.logits, g.tokens, i, 1.0, sample=i).ok
         checks = checks_of(pre.hidden, g.hidden)
         assert proofs_pass(checks, DEFAULTS), checks
+
+
+def test_streamed_prefill_in_micro_batches_matches_the_batched_prefill(
+    engine: TorchEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import node.compute.torch_engine as te
+
+    gens = engine.generate(PROMPTS, list(range(6)), 1.0, 10)
+    items = [(p, g.tokens) for p, g in zip(PROMPTS, gens, strict=True)]
+    whole = engine.prefill_batch(items)
+    monkeypatch.setattr(te, "PREFILL_TOKENS", 24)  # one or two samples per forward
+    for pre, states in zip(whole, engine.prefill_stream(items), strict=True):
+        assert proofs_pass(checks_of(states.hidden, pre.hidden), DEFAULTS)
+        n = len(pre.logits)
+        rows = np.concatenate([states.logits(a, min(n, a + 3)) for a in range(0, n, 3)])
+        assert np.allclose(rows, pre.logits, atol=1e-4)
+
+
+def test_chunked_sampling_check_finds_a_late_forged_token_at_its_position(
+    engine: TorchEngine,
+) -> None:
+    (gen,) = engine.generate(PROMPTS[:1], [4], 1.0, 12, sample_indices=[0])
+    tokens = list(gen.tokens)
+    k = len(tokens) - 2  # a wrong byte past the first chunks, before the final EOS
+    assert k >= 4 and tokens[k] < 256
+    tokens[k] = (tokens[k] + 1) % 256
+    claim = SampleClaim(PROMPTS[0], tokens, 4, 0, gen.finish_reason, build_proofs(gen.hidden))
+    one_row = 56 * engine.info.vocab_size  # chunks of one position
+    verdicts = [
+        engine.verify([claim], VerifySettings(1.0, 12, chunk_bytes=size))[0]
+        for size in (one_row, 3 * one_row, 1 << 28)
+    ]
+    for v in verdicts:
+        assert v.sampling is not None and not v.ok and v.hard
+    assert {v.sampling.first_mismatch for v in verdicts if v.sampling} == {k}
+    assert len({(v.sampling.mismatches, v.sampling.near_ties) for v in verdicts if v.sampling}) == 1

@@ -26,7 +26,8 @@ from node.run import create_genesis
 from node.run_assets import AssetDirs
 from node.runtime import Node, RuntimeConfig
 from swarm.errors import ValidationError
-from swarm.messages import RunGenesis, RunParams, Signed
+from swarm.messages import PolicyAnnouncement, RunGenesis, RunParams, Signed, sign
+from swarm.net.records import wall_clock_ms
 from swarm.shardcast import publish
 from tests.hf_model import make_test_model
 from tests.netfactory import FAST_DIAL, LOOPBACK, key_named, wait_until
@@ -144,6 +145,11 @@ async def test_a_fresh_worker_fetches_the_bound_model_and_is_credited(
             )
         )
         assert worker.assets is not None and worker.assets.model_dir == dirs.model(card)
+        assert worker.status()["model"] == {
+            "name": "test-qwen2",
+            "card": card.card_id(),
+            "dir": str(dirs.model(card)),
+        }
         check_dir(card, dirs.model(card))  # every file, the weights included, as the card says
         assert worker.assets.data_set == dirs.data_set(genesis.message.task_data)  # type: ignore[arg-type]
         assert worker.feed.store.info(0).pinned  # v0 is kept, so later joiners can fetch it
@@ -189,7 +195,7 @@ async def test_every_node_refuses_a_v0_that_is_not_the_cards_weights(
                 await feed.publish(0, other / "model.safetensors")
             assert trainer.policy.newest is None and 0 not in feed.store.versions()
             # ... and a v0 cut behind its back is refused by every node that fetches it.
-            publish(
+            manifest = publish(
                 other / "model.safetensors",
                 key=trainer.key,
                 genesis=genesis,
@@ -199,5 +205,12 @@ async def test_every_node_refuses_a_v0_that_is_not_the_cards_weights(
             await wait_until(lambda: worker.peers_by_role().get("trainer"), 30)
             with pytest.raises(ValidationError, match="not the run's model weights"):
                 await worker_feed.fetch_version(0)
+            assert 0 not in worker_feed.store.versions()
+            # The trainer's announcement of that v0 is refused at once, with nothing fetched.
+            announced = sign(
+                PolicyAnnouncement(worker.run_id, 0, manifest.id, wall_clock_ms()), trainer.key
+            )
+            with pytest.raises(ValidationError, match="refused before"):
+                await worker_feed.fetch(announced)
             assert 0 not in worker_feed.store.versions()
             nursery.cancel_scope.cancel()

@@ -18,7 +18,7 @@ from swarm.errors import NetworkError
 from swarm.identity import NodeKey
 from swarm.net import Overlay, OverlayConfig, request, serve
 from swarm.net.reach import ask_dialback, verdict
-from swarm.net.relay import RelayHop
+from swarm.net.relay import RelayHop, RelayLimits
 from swarm.net.streams import StreamLimits
 from tests.netfactory import LOOPBACK, key_named
 
@@ -50,6 +50,7 @@ async def test_dialback_reports_a_listening_node_public_and_a_closed_port_privat
         reach = await a.check_reachability([boot.peer_id])
         assert reach.status == "public", reach.reason
         assert "dialed back at /ip4/127.0.0.1/tcp/" in reach.reason
+        assert a.dht_mode() == "server"
         await trio.sleep(10.1)  # the server answers one request per peer per 10 s
         closed = _free_port()
         result = await ask_dialback(a.host, boot.peer_id, [closed])
@@ -166,3 +167,19 @@ async def test_doctors_probe_finds_a_fresh_host_on_loopback_public(boot: Bootstr
     assert reach.status == "public", reach.reason
     observed = sorted({r.observed_ip for r in reach.results})
     assert reachability_advice(reach.status, reach.reason, observed, LOOPBACK).status == "ok"
+
+
+async def test_a_full_relay_refuses_with_its_reason_and_the_next_one_is_used(
+    boot: BootstrapPeer,
+) -> None:
+    full = RelayLimits(duration=60, data=1 << 20, max_circuit_conns=1, max_reservations=0)
+    async with (
+        Overlay.start(NodeKey.generate(), OverlayConfig(listen=LOOPBACK)) as small,
+        RelayHop.start(small.host, full),
+        Overlay.start(key_named("asker-full"), OverlayConfig(listen=LOOPBACK)) as asker,
+    ):
+        assert asker.relay is not None
+        with pytest.raises(NetworkError, match="the relay is full"):
+            await asker.relay.reserve(small.addrs()[0])
+        await asker.relay.check_once([small.addrs()[0], boot.addrs()[0]], want=1)
+        assert list(asker.relay.reservations) == [boot.peer_id]

@@ -163,8 +163,17 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
     credited = swarm.credited("validator")
     assert credited, "no submission was ever credited"
     assert len(credited) == len(set(credited)), "a submission was credited twice"
+    # The trainer's queue keeps only the versions in its async window (older accepted work is
+    # dropped after each checkpoint): every credited submission of those must be there.
+    credit_versions = swarm.credited_versions("validator")
+
+    def kept_credits_queued() -> bool:
+        queue = swarm.trainer_queue()
+        kept_from = min(swarm.queue_versions() or [0])
+        return {s for s, v in credit_versions if v >= kept_from} <= set(queue)
+
     wait_for(
-        lambda: set(credited) <= set(swarm.trainer_queue()),
+        kept_credits_queued,
         90,
         f"every credited submission in the trainer's sample queue ({swarm.handoffs()})",
         swarm,

@@ -114,11 +114,17 @@ def test_workers_behind_nat_join_through_relays_and_survive_losing_one(swarm: Sw
             f"{worker} to find itself private and reserve two relay slots",
             swarm,
         )
-    trainer = swarm.status("trainer") or {}
-    assert trainer.get("reachability") == "public", trainer.get("reachability_detail")
+    wait_for(
+        lambda: (swarm.status("trainer") or {}).get("reachability") == "public",
+        120,
+        "the trainer on the public segment to find itself public",
+        swarm,
+    )
     worker_a = swarm.status("workerA") or {}
     assert "/p2p-circuit/" in " ".join(worker_a["listen_addrs"]), worker_a["listen_addrs"]
     assert "nobody could dial us back" in worker_a["reachability_detail"]["reason"]
+    assert worker_a["dht_mode"] == "client"  # only reachable nodes serve the DHT
+    assert (swarm.status("trainer") or {}).get("dht_mode") == "server"
 
     # Both workers fetch the policy, submit and are credited.
     wait_for(lambda: policy_version(swarm, "trainer") >= 1, 240, "policy v1", swarm)

@@ -34,6 +34,7 @@ def _no_swarm_left(out: Path) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # up's own limit is 3 minutes, then the audit; a loaded box is slower
 def test_up_trains_catches_the_cheater_and_audits(tmp_path: Path) -> None:
     out = tmp_path / "up"
     done = subprocess.run(

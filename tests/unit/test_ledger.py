@@ -206,6 +206,7 @@ def test_a_pending_event_with_a_wrong_amount_is_dropped_when_its_verdict_comes(
     store.add_verdict(v)
     assert store.pending_count() == 0 and len(store) == 0
     assert store.balance(WORKERS[0]) == 100
+    assert store.status(WORKERS[0])["refused_pending"] == 1
 
 
 def test_a_dispute_changes_no_balance_and_is_listed(store: LedgerStore) -> None:

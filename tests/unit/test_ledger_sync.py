@@ -51,6 +51,19 @@ def test_prefix_bounds_cover_exactly_their_ids() -> None:
     assert bounds("abc") == (b"\xab\xc0", b"\xab\xd0")
 
 
+def test_an_index_scanned_in_a_snapshot_catches_up_on_adoption(
+    stores: tuple[LedgerStore, LedgerStore],
+) -> None:
+    a, _ = stores
+    fill(a, PAIRS[:200])
+    index, upto = LedgerStore.scan_index(a.path)
+    fill(a, PAIRS[200:])  # stored after the snapshot
+    a.adopt_index(index, upto)
+    ids = [e.id for _, e in PAIRS]
+    for prefix in ("", "7", "c0"):
+        assert a.range_summary(prefix) == summarise(i for i in ids if i.hex().startswith(prefix))
+
+
 def test_the_range_index_agrees_with_a_scan() -> None:
     ids = [e.id for _, e in PAIRS]
     index = RangeIndex(ids)
@@ -252,3 +265,27 @@ async def test_a_replica_killed_mid_sync_loses_nothing_and_counts_nothing_twice(
     assert not check.refused and not check.balance_errors
     source.close()
     replica.close()
+
+
+async def test_a_peer_that_invents_differences_everywhere_is_cut_off(
+    stores: tuple[LedgerStore, LedgerStore],
+) -> None:
+    """Mallory answers every range with a split of 16 children claiming 2**40 events each: her
+    counts contradict the ones she gave for the parents, so the pull stops at once."""
+    import msgpack
+
+    from swarm.errors import PeerError
+
+    _, b = stores
+    asked: list[int] = []
+
+    async def mallory(body: bytes) -> bytes:
+        _, ranges = msgpack.unpackb(body)
+        asked.append(len(ranges))
+        return msgpack.packb(
+            [[r[0], "split", [[2**40, bytes(12)]] * 16] for r in ranges], use_bin_type=True
+        )
+
+    with pytest.raises(PeerError, match="contradicts"):
+        await pull(b, mallory)
+    assert len(asked) == 2  # the root, then its 16 children: their splits do not add up

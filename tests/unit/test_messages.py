@@ -13,6 +13,7 @@ from swarm.identity import NodeKey
 from swarm.messages import (
     MESSAGE_TYPES,
     Fields,
+    FileRef,
     LedgerEvent,
     ModelSpec,
     PolicyAnnouncement,
@@ -39,12 +40,27 @@ peer = st.sampled_from(PEERS)
 scalar = st.one_of(st.integers(-(2**40), 2**40), text, st.booleans())
 plain_map = st.dictionaries(st.text(max_size=10), scalar, max_size=4)
 
+file_ref = st.builds(
+    FileRef,
+    name=st.sampled_from(["config.json", "tokenizer.json", "generation_config.json", "a.jsonl"]),
+    sha256=digest,
+    size=u64,
+)
 genesis = st.builds(
     RunGenesis,
     name=text,
     created_at=u64,
-    model=st.builds(ModelSpec, name=text, config=plain_map, manifest_id=st.binary(max_size=32)),
+    model=st.builds(
+        ModelSpec,
+        name=text,
+        config=plain_map,
+        manifest_id=st.binary(max_size=32),
+        files=st.lists(file_ref, max_size=3, unique_by=lambda r: r.name).map(tuple),
+        weights=st.one_of(st.none(), file_ref.map(lambda r: FileRef("w.safetensors", r.sha256, 1))),
+        chat_template=st.booleans(),
+    ),
     task_suite=text,
+    task_data=st.one_of(st.none(), file_ref),
     task_seed=st.integers(-(2**31), 2**31),
     trainers=st.lists(peer, min_size=1, max_size=3).map(tuple),
     validators=st.lists(peer, min_size=1, max_size=3).map(tuple),

@@ -145,3 +145,16 @@ def test_missing_chat_template_is_refused_when_the_run_asks(
     (model / "tokenizer.json").unlink()
     with pytest.raises(ConfigError, match="no tokenizer"):
         check_model_dir(model)
+
+
+def test_shipped_tokenizer_files_are_what_make_default_model_writes(tmp_path: Path) -> None:
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "make_default_model.py"
+    spec = importlib.util.spec_from_file_location("make_default_model", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.write_tokenizer(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / name).read_bytes() == (DEFAULT_MODEL_DIR / name).read_bytes(), name

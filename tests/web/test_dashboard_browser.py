@@ -76,6 +76,7 @@ def chromium(profile: Path, downloads: Path) -> Iterator[Any]:
         "prefs",
         {"download.default_directory": str(downloads), "download.prompt_for_download": False},
     )
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
     driver.set_page_load_timeout(30)
     try:
@@ -235,6 +236,8 @@ async def test_a_browser_sees_the_swarm_train_and_the_cheater_banned(tmp_path: P
             assert slashes[0]["evidence_held"] is True
             own = await http.get(vurl + slashes[0]["bundle_url"].lstrip("/"))
             assert own.status_code == 200 and own.content.startswith(b"\x85")
+        logs = await in_browser(lambda: driver.get_log("browser"))
+        assert not [e for e in logs if e["level"] == "SEVERE"], logs  # no script or load error
         shot = tmp_path / "dashboard.png"
         await in_browser(lambda: driver.save_screenshot(str(shot)))
         print(f"dashboard screenshot: {shot}")
@@ -287,6 +290,9 @@ async def test_peer_text_with_html_is_shown_as_text(tmp_path: Path) -> None:
 
             assert await in_browser(lambda: injected(driver)) == 0
             assert await in_browser(lambda: driver.execute_script("return window.__pwned")) is None
+            await screen_until(driver, lambda d: _row(d, "ledger-table", EVIL), 30)
+            logs = await in_browser(lambda: driver.get_log("browser"))
+            assert not [e for e in logs if e["level"] == "SEVERE"], logs  # no script error
         nursery.cancel_scope.cancel()
     queries.close()
     store.close()

@@ -211,7 +211,23 @@ async function loadShardcast() {
   ])));
 }
 
-const loaders = [loadStatus, loadVersions, loadRewards, loadContributors, loadSlashes, loadShardcast];
+const ledgerState = { cursor: null, next: null };
+
+async function loadLedger() {
+  const q = new URLSearchParams({ limit: "20" });
+  if (ledgerState.cursor) q.set("cursor", ledgerState.cursor);
+  const page = await get("/ledger?" + q.toString());
+  ledgerState.next = page.next_cursor;
+  document.getElementById("ledger-older").disabled = !page.next_cursor;
+  fill("#ledger-table tbody", page.items.map((e) => row([
+    when(e.created_at_ms), e.event, peerCell(e.peer), e.amount, peerCell(e.signer),
+    el("code", e.evidence.slice(0, 16)),
+  ], { "data-peer": e.peer })));
+}
+
+const loaders = [
+  loadStatus, loadVersions, loadRewards, loadContributors, loadSlashes, loadLedger, loadShardcast,
+];
 let busy = false, again = false;
 
 async function refresh() {
@@ -261,6 +277,13 @@ function controls() {
   document.getElementById("contributors-next").addEventListener("click", () => {
     if (!state.next) return;
     state.back.push(state.cursor); state.cursor = state.next; loadContributors();
+  });
+  document.getElementById("ledger-older").addEventListener("click", () => {
+    if (!ledgerState.next) return;
+    ledgerState.cursor = ledgerState.next; loadLedger();
+  });
+  document.getElementById("ledger-newest").addEventListener("click", () => {
+    ledgerState.cursor = null; loadLedger();
   });
   document.getElementById("contributors-prev").addEventListener("click", () => {
     if (!state.back.length) return;
