@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -55,6 +55,8 @@ class ValidatorStats:
     refused: int = 0
     """Not judged at all: another run, a banned worker, a copy judged elsewhere."""
     judge_seconds: float = 0.0
+    refusals: dict[str, int] = field(default_factory=dict)
+    """Precheck refusals by the check that decided (``Judgement.check``)."""
 
 
 class Validator:
@@ -114,8 +116,12 @@ class Validator:
             raise ValidationError("a submission must come from the worker that signed it")
         known = self.node.policy.version
         now = time.monotonic()
-        if (known is None or submission.message.policy_version > known) and (
-            now - self._last_pull >= PULL_EVERY_S
+        ahead = known is None or submission.message.policy_version > known
+        if (
+            ahead
+            and now - self._last_pull >= PULL_EVERY_S
+            and submission.message.run_id == self.node.run_id
+            and not self.ledger.balances().banned(peer)
         ):
             # Work of a version we have not heard of: gossip lost its announcement here. The
             # worker holds it (it generated on it), so ask it, then the trainers; without this
@@ -135,25 +141,28 @@ class Validator:
         )
 
     async def handle(self, submission: Signed[RolloutSubmission]) -> Signed[Verdict]:
-        """Check, then decide, then record: precheck (no model), the assignment's claims (a
-        copy judged elsewhere is refused; a different submission of it is an equivocation),
-        then the model; sign, store, gossip."""
+        """Check, then decide, then record: the precheck (no model) first, before the judge
+        lock, a claim, any storage or a prefill, refusing (``ValidationError``, counted by
+        check) what it decides; then the assignment's claims (a copy judged elsewhere is
+        refused; a different submission of it is an equivocation), then the model; sign,
+        store, gossip."""
         me = self.node.peer_id
         s = submission.message
+        again = self._verdict_again(submission)
+        if again is not None:  # delivered again: the same verdict, no second credit
+            return again
+        ctx = self._context()
+        refusal = precheck(submission, ctx, counter_seen=False)
+        if refusal is not None:
+            self.stats.refusals[refusal.check] = self.stats.refusals.get(refusal.check, 0) + 1
+            self.stats.refused += 1
+            raise ValidationError(f"refused ({refusal.check}): {'; '.join(refusal.reasons)}")
         async with self._lock:
+            again = self._verdict_again(submission)
+            if again is not None:
+                return again
             claims = self.claims.of(submission.signer, s.policy_version, s.counter)
-            for claim in claims:
-                if claim.submission == submission.id and claim.validator == me and claim.verdict:
-                    raw = self.evidence.store.get(claim.verdict) or self.ledger.verdict_raw(
-                        claim.verdict
-                    )
-                    if raw is not None:  # delivered again: the same verdict, no second credit
-                        return decode(raw, Verdict)
-            ctx = self._context()
-            judgement = precheck(submission, ctx, counter_seen=False)
-            related: list[Signed[RolloutSubmission]] = []
-            if judgement is None:
-                judgement, related = await self._check_claims(submission, claims)
+            judgement, related = await self._check_claims(submission, claims)
             if judgement is None:
                 self.claims.claim(submission.signer, s.policy_version, s.counter, submission.id, me)
                 started = time.perf_counter()
@@ -182,6 +191,24 @@ class Validator:
         if judgement.accepted:
             self._handoff.set()
         return recorded.verdict
+
+    def judge_queue(self) -> int:
+        """Submissions past the precheck waiting for the judge lock."""
+        return int(self._lock.statistics().tasks_waiting)
+
+    def _verdict_again(self, submission: Signed[RolloutSubmission]) -> Signed[Verdict] | None:
+        """This validator's verdict on ``submission`` when it judged it already."""
+        s = submission.message
+        for claim in self.claims.of(submission.signer, s.policy_version, s.counter):
+            if claim.submission == submission.id and claim.validator == self.node.peer_id:
+                if claim.verdict is None:
+                    continue
+                raw = self.evidence.store.get(claim.verdict) or self.ledger.verdict_raw(
+                    claim.verdict
+                )
+                if raw is not None:
+                    return decode(raw, Verdict)
+        return None
 
     async def _check_claims(
         self, submission: Signed[RolloutSubmission], claims: list[Claim]

@@ -1,0 +1,146 @@
+"""Cheap before dear (issue 15): the validator refuses what its precheck decides before it takes
+the judge lock, claims the assignment, stores anything or reaches the engine.
+
+The validator here is real (claims, ledger and evidence in SQLite files); its node is a stand-in
+holding only what ``Validator.handle`` reads, and its engine fails the test if touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import trio
+
+from node.roles.claims import ClaimBook
+from node.roles.evidence import EvidenceService
+from node.roles.validator import Validator
+from node.run import create_genesis, suite_for
+from swarm.assignment import assign
+from swarm.errors import ValidationError
+from swarm.evidence import EvidenceStore
+from swarm.identity import NodeKey
+from swarm.ledger import LedgerStore
+from swarm.messages import RolloutSubmission, RunParams, Sample, Signed, run_id_of, sign
+from swarm.toploc import proof_size
+
+OWNER = NodeKey.from_seed(hashlib.sha256(b"admission-owner").digest())
+ME = NodeKey.from_seed(hashlib.sha256(b"admission-validator").digest())
+WORKER = NodeKey.from_seed(hashlib.sha256(b"admission-worker").digest())
+PARAMS = RunParams(group_size=2, batch_prompts=2, max_tokens=8, async_level=2)
+GENESIS = create_genesis(
+    OWNER,
+    name="admission",
+    trainers=[OWNER.peer_id],
+    validators=[ME.peer_id],
+    params=PARAMS,
+    created_at=1,
+)
+RUN = run_id_of(GENESIS)
+VERSION = 3
+
+
+class UntouchableEngine:
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the engine was reached ({name}) by work the precheck refuses")
+
+
+@pytest.fixture
+def validator(tmp_path: Path) -> Validator:
+    newest = SimpleNamespace(message=SimpleNamespace(version=VERSION))
+    node: Any = SimpleNamespace(
+        peer_id=ME.peer_id,
+        run_id=RUN,
+        key=ME,
+        config=SimpleNamespace(genesis=GENESIS),
+        policy=SimpleNamespace(newest=newest, version=VERSION),
+    )
+    store = EvidenceStore(tmp_path / "evidence.db")
+    return Validator(
+        node,
+        feed=Any,  # type: ignore[arg-type]
+        engine=UntouchableEngine(),  # type: ignore[arg-type]
+        ledger=LedgerStore(tmp_path / "ledger.db", GENESIS),
+        evidence=EvidenceService(node, store),
+        claims=ClaimBook(tmp_path / "claims.db"),
+    )
+
+
+def assigned(key: NodeKey = WORKER, counter: int = 0, **changes: Any) -> RolloutSubmission:
+    """A well-formed submission of ``key``'s assignment (its tokens are not the model's)."""
+    suite = suite_for(GENESIS.message)
+    a = assign(
+        RUN,
+        VERSION,
+        key.peer_id,
+        counter,
+        n_prompts=2,
+        suite_size=suite.size,
+        excluded=suite.excluded,
+    )
+    proof = b"\x00" * proof_size()
+    samples = tuple(
+        Sample(str(p), (1, 2, 3), a.seed, (proof,), "stop")
+        for p in a.prompt_ids
+        for _ in range(PARAMS.group_size)
+    )
+    prompts = tuple(str(p) for p in a.prompt_ids)
+    return dataclasses.replace(
+        RolloutSubmission(RUN, VERSION, counter, prompts, samples, 1), **changes
+    )
+
+
+def first_sample(sub: RolloutSubmission, **changes: Any) -> RolloutSubmission:
+    return dataclasses.replace(
+        sub, samples=(dataclasses.replace(sub.samples[0], **changes), *sub.samples[1:])
+    )
+
+
+REFUSED: dict[str, tuple[str, Any]] = {
+    "another run": ("run", lambda: assigned(run_id="cd" * 16)),
+    "a version outside the window": ("window", lambda: assigned(policy_version=VERSION + 5)),
+    "unassigned prompts": ("assignment", lambda: assigned(prompt_ids=("1", "2"))),
+    "another worker's assignment": (
+        "assignment",
+        lambda: dataclasses.replace(assigned(NodeKey.from_seed(b"\x09" * 32)), counter=0),
+    ),
+    "too few samples": (
+        "layout",
+        lambda: dataclasses.replace(assigned(), samples=assigned().samples[:-1]),
+    ),
+    "a wrong seed": ("seed", lambda: first_sample(assigned(), seed=assigned().samples[0].seed + 1)),
+    "more tokens than max_tokens": (
+        "termination",
+        lambda: first_sample(assigned(), tokens=tuple(range(9))),
+    ),
+    "'length' short of max_tokens": (
+        "termination",
+        lambda: first_sample(assigned(), finish_reason="length"),
+    ),
+    "missing proofs": ("termination", lambda: first_sample(assigned(), proofs=())),
+    "an oversized proof": (
+        "termination",
+        lambda: first_sample(assigned(), proofs=(b"\x00" * (proof_size() + 2),)),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_precheck_refuses_before_claim_storage_or_engine(validator: Validator, case: str) -> None:
+    check, make = REFUSED[case]
+    signed: Signed[RolloutSubmission] = sign(make(), WORKER)
+
+    async def main() -> None:
+        with pytest.raises(ValidationError, match=rf"refused \({check}\)"):
+            await validator.handle(signed)
+
+    trio.run(main)
+    assert len(validator.claims) == 0
+    usage = validator.evidence.store.usage()
+    assert usage["objects"] == usage["pinned_objects"] == 0
+    assert validator.ledger.verdict_raw(signed.id) is None
+    assert validator.stats.refusals == {check: 1} and validator.stats.judged == 0
