@@ -95,6 +95,8 @@ class RoleHandle:
             out["validator"] = {
                 **vars(self.validator.stats),
                 "claims": len(self.validator.claims),
+                "judge_queue": self.validator.judge_queue(),
+                "outbox": len(self.ledger.pending_handoffs()),
                 "review": vars(self.validator.review.stats),
             }
         if self.trainer is not None:
