@@ -142,10 +142,15 @@ def _role(role: dict[str, Any]) -> Iterator[Any]:
                 f"Evidence store: {name}",
                 value=evidence.get(name, 0),
             )
-    engine = role.get("engine")
-    if engine is not None and "restarts" in engine:
+    engine = (validator or {}).get("engine")
+    if engine is not None:
         yield CounterMetricFamily(
             "swarm_node_engine_restarts", "Compute child restarts", value=engine["restarts"]
+        )
+        yield GaugeMetricFamily(
+            "swarm_node_engine_failed",
+            "1 once the compute child could not be brought back (the role is withdrawn)",
+            value=0 if engine["failed"] is None else 1,
         )
 
 

@@ -268,7 +268,8 @@ class Node:
     async def _addrs_changed(self) -> None:
         """Our relayed addresses changed: republish our advert so peers dial the new ones."""
         log.info("our addresses are now %s", ", ".join(self.overlay.addrs()))
-        await self.membership.publish()
+        if not self.membership.withdrawn:  # a node that gave up its role stays withdrawn
+            await self.membership.publish()
 
     async def _connect_found_peers(self) -> None:
         """Connect to the run's peers found in the DHT, so the gossip mesh does not depend on

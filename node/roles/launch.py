@@ -96,6 +96,7 @@ class RoleHandle:
                 **vars(self.validator.stats),
                 "claims": len(self.validator.claims),
                 "judge_queue": self.validator.judge_queue(),
+                "engine": self.validator.healer.status(),
                 "outbox": len(self.ledger.pending_handoffs()),
                 "review": vars(self.validator.review.stats),
             }

@@ -24,6 +24,7 @@ import msgpack
 import trio
 
 from node.compute.engine import Engine
+from node.compute.healing import EngineHealer
 from node.policy_feed import PolicyFeed
 from node.roles.cheats import Rogue
 from node.roles.claims import Claim, ClaimBook
@@ -33,7 +34,7 @@ from node.roles.review import PeerReview
 from node.roles.verdicts import Recorded, record_judgement
 from node.run import TaskSource, suite_for
 from node.runtime import Node
-from swarm.errors import NetworkError, RequestTimeout, SwarmError, ValidationError
+from swarm.errors import EngineError, NetworkError, RequestTimeout, SwarmError, ValidationError
 from swarm.ledger import Balances, LedgerStore
 from swarm.messages import RolloutSubmission, Signed, Verdict, decode
 from swarm.net.names import SAMPLES, SUBMIT
@@ -87,6 +88,7 @@ class Validator:
         self._handoff = trio.Event()
         self._last_pull = -PULL_EVERY_S
         self.review = PeerReview(self)
+        self.healer = EngineHealer(engine, on_give_up=self._withdraw)
 
     async def run(self) -> None:
         """Serve submissions, and fetch every announced version ahead of the work it brings."""
@@ -157,6 +159,8 @@ class Validator:
             self.stats.refusals[refusal.check] = self.stats.refusals.get(refusal.check, 0) + 1
             self.stats.refused += 1
             raise ValidationError(f"refused ({refusal.check}): {'; '.join(refusal.reasons)}")
+        if self.healer.failed is not None:
+            raise EngineError(f"this validator no longer judges: {self.healer.failed}")
         async with self._lock:
             again = self._verdict_again(submission)
             if again is not None:
@@ -312,7 +316,25 @@ class Validator:
         return True
 
     async def _judge(self, submission: Signed[RolloutSubmission], ctx: JudgeContext) -> Judgement:
-        """The model's part of the judgement (the precheck passed): on the submission's version."""
+        """The model's part of the judgement (the precheck passed): on the submission's version.
+        A dead engine child is restarted (``EngineHealer``) and the submission answered with an
+        error: its claim holds no verdict, so the worker's resend is judged."""
+        try:
+            return await self._judge_on_engine(submission, ctx)
+        except EngineError as exc:
+            if await self.healer.recover(exc):
+                raise EngineError(
+                    "the validator's engine died while judging and was restarted; send again"
+                ) from exc
+            raise EngineError(f"this validator no longer judges: {self.healer.failed}") from exc
+
+    async def _withdraw(self, why: str) -> None:
+        """The engine cannot be brought back: stop advertising the validator role."""
+        await self.node.membership.withdraw()
+
+    async def _judge_on_engine(
+        self, submission: Signed[RolloutSubmission], ctx: JudgeContext
+    ) -> Judgement:
         version = submission.message.policy_version
         if version != self._loaded:
             path = self.feed.path_of(version)

@@ -1,8 +1,7 @@
 """Cheap before dear (issue 15): the validator refuses what its precheck decides before it takes
 the judge lock, claims the assignment, stores anything or reaches the engine.
 
-The validator here is real (claims, ledger and evidence in SQLite files); its node is a stand-in
-holding only what ``Validator.handle`` reads, and its engine fails the test if touched.
+The validator here is real (``tests.validator_stub``); its engine fails the test if touched.
 """
 
 from __future__ import annotations
@@ -10,38 +9,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import trio
 
-from node.roles.claims import ClaimBook
-from node.roles.evidence import EvidenceService
 from node.roles.validator import Validator
-from node.run import create_genesis, suite_for
+from node.run import suite_for
 from swarm.assignment import assign
 from swarm.errors import ValidationError
-from swarm.evidence import EvidenceStore
 from swarm.identity import NodeKey
-from swarm.ledger import LedgerStore
-from swarm.messages import RolloutSubmission, RunParams, Sample, Signed, run_id_of, sign
+from swarm.messages import RolloutSubmission, Sample, Signed, sign
 from swarm.toploc import proof_size
+from tests.validator_stub import GENESIS, PARAMS, RUN, VERSION, stub_validator
 
-OWNER = NodeKey.from_seed(hashlib.sha256(b"admission-owner").digest())
-ME = NodeKey.from_seed(hashlib.sha256(b"admission-validator").digest())
 WORKER = NodeKey.from_seed(hashlib.sha256(b"admission-worker").digest())
-PARAMS = RunParams(group_size=2, batch_prompts=2, max_tokens=8, async_level=2)
-GENESIS = create_genesis(
-    OWNER,
-    name="admission",
-    trainers=[OWNER.peer_id],
-    validators=[ME.peer_id],
-    params=PARAMS,
-    created_at=1,
-)
-RUN = run_id_of(GENESIS)
-VERSION = 3
 
 
 class UntouchableEngine:
@@ -51,23 +33,7 @@ class UntouchableEngine:
 
 @pytest.fixture
 def validator(tmp_path: Path) -> Validator:
-    newest = SimpleNamespace(message=SimpleNamespace(version=VERSION))
-    node: Any = SimpleNamespace(
-        peer_id=ME.peer_id,
-        run_id=RUN,
-        key=ME,
-        config=SimpleNamespace(genesis=GENESIS),
-        policy=SimpleNamespace(newest=newest, version=VERSION),
-    )
-    store = EvidenceStore(tmp_path / "evidence.db")
-    return Validator(
-        node,
-        feed=Any,  # type: ignore[arg-type]
-        engine=UntouchableEngine(),  # type: ignore[arg-type]
-        ledger=LedgerStore(tmp_path / "ledger.db", GENESIS),
-        evidence=EvidenceService(node, store),
-        claims=ClaimBook(tmp_path / "claims.db"),
-    )
+    return stub_validator(tmp_path, UntouchableEngine())  # type: ignore[arg-type]
 
 
 def assigned(key: NodeKey = WORKER, counter: int = 0, **changes: Any) -> RolloutSubmission:
