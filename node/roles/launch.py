@@ -98,6 +98,7 @@ class RoleHandle:
                 "judge_queue": self.validator.judge_queue(),
                 "engine": self.validator.healer.status(),
                 "outbox": len(self.ledger.pending_handoffs()),
+                "dead_letters": self.validator.dead_letter_status(),
                 "review": vars(self.validator.review.stats),
             }
         if self.trainer is not None:

@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 RETRY_FIRST_S = 1.0  # outbox retry after a failed hand-off, doubling up to RETRY_MAX_S
 RETRY_MAX_S = 8.0
+DEAD_AFTER_REFUSALS = 5
+"""A trainer that refuses one hand-off this many times (reachable, answering, saying no) makes it
+a dead letter: no longer tried, kept in the outbox and shown in ``status`` (``dead_letters``)."""
 PULL_EVERY_S = 1.0  # at most one policy pull prompted by submissions, per this interval
 
 
@@ -89,6 +92,10 @@ class Validator:
         self._last_pull = -PULL_EVERY_S
         self.review = PeerReview(self)
         self.healer = EngineHealer(engine, on_give_up=self._withdraw)
+        self.refusals: dict[tuple[bytes, str], int] = {}
+        """Refused hand-offs (verdict id, trainer) -> refusals so far, in memory."""
+        self.dead_letters: dict[tuple[bytes, str], str] = {}
+        """Hand-offs given up on -> the trainer's last answer (retried after a restart)."""
 
     async def run(self) -> None:
         """Serve submissions, and fetch every announced version ahead of the work it brings."""
@@ -375,7 +382,12 @@ class Validator:
         trainer has taken it: a trainer that was down when the verdict was made gets it later."""
         backoff = RETRY_FIRST_S
         while True:
-            pending = self.ledger.pending_handoffs()
+            # Dead letters stay in the outbox: read past them, so they never hold up the rest.
+            pending = [
+                p
+                for p in self.ledger.pending_handoffs(64 + len(self.dead_letters))
+                if p not in self.dead_letters
+            ]
             away: set[str] = set()  # trainers unreachable this round: skip the rest of theirs
             failed = False
             for verdict_id, trainer in pending:
@@ -405,8 +417,11 @@ class Validator:
                     )
                     if type(exc) is NetworkError:  # no stream at all, not a refusal or timeout
                         await self.node.forget_peer(trainer)
+                    elif not unreachable:
+                        self._refused_handoff((verdict_id, trainer), exc)
                     continue
                 self.ledger.mark_handed(verdict_id, trainer)
+                self.refusals.pop((verdict_id, trainer), None)
             if failed:
                 await trio.sleep(backoff)  # retry later: the outbox keeps the work
                 backoff = min(backoff * 2, RETRY_MAX_S)
@@ -415,6 +430,27 @@ class Validator:
             if len(pending) < 64:
                 await self._handoff.wait()
                 self._handoff = trio.Event()
+
+    def _refused_handoff(self, item: tuple[bytes, str], exc: SwarmError) -> None:
+        """Count a trainer's refusal of one hand-off; past ``DEAD_AFTER_REFUSALS`` it is dead."""
+        self.refusals[item] = self.refusals.get(item, 0) + 1
+        if self.refusals[item] >= DEAD_AFTER_REFUSALS:
+            del self.refusals[item]
+            self.dead_letters[item] = str(exc)
+            log.error(
+                "trainer %s refused accepted work %s %d times (%s); no longer tried, kept in"
+                " the outbox (status: dead_letters)",
+                item[1][-8:],
+                item[0].hex()[:16],
+                DEAD_AFTER_REFUSALS,
+                exc,
+            )
+
+    def dead_letter_status(self) -> list[dict[str, str]]:
+        return [
+            {"verdict": v.hex(), "trainer": t, "last_answer": why}
+            for (v, t), why in self.dead_letters.items()
+        ]
 
     def _handoff_pair(self, verdict_id: bytes) -> list[bytes] | None:
         """[submission, verdict] envelopes of accepted work, from the evidence store."""
