@@ -63,7 +63,7 @@ async def test_a_trainer_refusing_one_item_forever_does_not_hold_up_the_rest(
         taken.append(verdict_raw)
         return b""
 
-    monkeypatch.setattr(validator.node, "request", request)
+    monkeypatch.setattr(validator.node, "request", request, raising=False)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(validator._deliver)
         await wait_until(lambda: validator.dead_letters, timeout=10)
