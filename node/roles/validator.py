@@ -15,6 +15,7 @@ neither this node nor the wire. What other validators decide is read by ``node.r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -88,6 +89,7 @@ class Validator:
         self.stats = ValidatorStats()
         self._loaded: int | None = None
         self._lock = trio.Lock()
+        self._newcomer_slot = trio.Lock()
         self._handoff = trio.Event()
         self._last_pull = -PULL_EVERY_S
         self.review = PeerReview(self)
@@ -99,7 +101,8 @@ class Validator:
 
     async def run(self) -> None:
         """Serve submissions, and fetch every announced version ahead of the work it brings."""
-        self.node.handle(SUBMIT, self._on_submit, SUBMIT_LIMITS)
+        server = self.node.handle(SUBMIT, self._on_submit, SUBMIT_LIMITS)
+        server.trusted = self.has_history  # reserved submit slots: earned, not given
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._deliver)
             nursery.start_soon(self.review.run)
@@ -155,8 +158,6 @@ class Validator:
         check) what it decides; then the assignment's claims (a copy judged elsewhere is
         refused; a different submission of it is an equivocation), then the model; sign,
         store, gossip."""
-        me = self.node.peer_id
-        s = submission.message
         again = self._verdict_again(submission)
         if again is not None:  # delivered again: the same verdict, no second credit
             return again
@@ -168,6 +169,19 @@ class Validator:
             raise ValidationError(f"refused ({refusal.check}): {'; '.join(refusal.reasons)}")
         if self.healer.failed is not None:
             raise EngineError(f"this validator no longer judges: {self.healer.failed}")
+        # Newcomers (no accepted work yet) queue for the judge one at a time, behind a slot of
+        # their own: a flood of fresh keys competes with itself, and a worker with a history
+        # waits behind at most one newcomer's judgement.
+        newcomer = not self.has_history(submission.signer)
+        async with self._newcomer_slot if newcomer else contextlib.nullcontext():
+            return await self._decide(submission, ctx)
+
+    async def _decide(
+        self, submission: Signed[RolloutSubmission], ctx: JudgeContext
+    ) -> Signed[Verdict]:
+        """Claims, then the model, then sign, store and gossip: under the judge lock."""
+        me = self.node.peer_id
+        s = submission.message
         async with self._lock:
             again = self._verdict_again(submission)
             if again is not None:
@@ -202,6 +216,10 @@ class Validator:
         if judgement.accepted:
             self._handoff.set()
         return recorded.verdict
+
+    def has_history(self, peer: str) -> bool:
+        """A worker with accepted work to its name (its balance above a newcomer's)."""
+        return self.ledger.balance(peer) > self.params.initial_balance
 
     def judge_queue(self) -> int:
         """Submissions past the precheck waiting for the judge lock."""
