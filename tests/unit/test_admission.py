@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
+from node.roles.judge import Judgement
 from node.roles.validator import Validator
 from node.run import suite_for
 from swarm.assignment import assign
@@ -110,3 +112,28 @@ def test_precheck_refuses_before_claim_storage_or_engine(validator: Validator, c
     assert usage["objects"] == usage["pinned_objects"] == 0
     assert validator.ledger.verdict_raw(signed.id) is None
     assert validator.stats.refusals == {check: 1} and validator.stats.judged == 0
+
+
+async def test_a_worker_with_history_waits_behind_at_most_one_newcomer(
+    validator: Validator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    earned = NodeKey.from_seed(hashlib.sha256(b"admission-earned").digest())
+    fresh = [NodeKey.from_seed(hashlib.sha256(b"fresh %d" % i).digest()) for i in range(3)]
+    monkeypatch.setattr(validator, "has_history", lambda peer: peer == earned.peer_id)
+    order: list[str] = []
+    release = trio.Event()
+
+    async def judge(submission: Signed[RolloutSubmission], ctx: Any) -> Judgement:
+        order.append(submission.signer)
+        await release.wait()
+        return Judgement(False, "soft", ["test"])
+
+    monkeypatch.setattr(validator, "_judge", judge)
+    async with trio.open_nursery() as nursery:
+        for key in fresh:  # the first is judged; the others queue behind the newcomers' slot
+            nursery.start_soon(validator.handle, sign(assigned(key), key))
+            await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(validator.handle, sign(assigned(earned), earned))
+        await trio.testing.wait_all_tasks_blocked()
+        release.set()
+    assert order == [fresh[0].peer_id, earned.peer_id, fresh[1].peer_id, fresh[2].peer_id]
