@@ -134,6 +134,14 @@ def _role(role: dict[str, Any]) -> Iterator[Any]:
             "Accepted samples waiting to train",
             value=trainer["queued"],
         )
+    disk = role.get("disk")
+    if disk is not None:
+        usage = GaugeMetricFamily(
+            "swarm_node_disk_bytes", "Bytes under the run's folder, by entry", labels=["entry"]
+        )
+        for entry, size in sorted(disk.items()):
+            usage.add_metric([entry], size)
+        yield usage
     evidence = role.get("evidence")
     if evidence is not None:
         for name in ("objects", "bytes", "pinned_objects", "pinned_bytes"):

@@ -86,6 +86,7 @@ class RoleHandle:
         }
         if self.worker is not None:
             out["worker"] = {"loaded_version": self.worker.loaded, **vars(self.worker.stats)}
+        out["disk"] = disk_usage(self.ledger.path.parent)
         out["evidence"] = {
             **self.evidence.store.usage(),
             "served": self.evidence.served,
@@ -112,6 +113,25 @@ class RoleHandle:
                 "published_at": t.stats.published_at,
             }
         return out
+
+
+def disk_usage(run_dir: Path) -> dict[str, int]:
+    """Bytes on disk under the run's folder, by top-level entry (a database with its WAL, the
+    shard store), and ``total``: what ``status`` shows so an operator sees what grows."""
+    out: dict[str, int] = {}
+    for path in sorted(run_dir.iterdir()) if run_dir.is_dir() else []:
+        name = path.name.removesuffix("-wal").removesuffix("-shm")
+        try:
+            size = (
+                sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+                if path.is_dir()
+                else path.stat().st_size
+            )
+        except OSError:  # removed while we looked
+            continue
+        out[name] = out.get(name, 0) + size
+    out["total"] = sum(out.values())
+    return out
 
 
 @asynccontextmanager
