@@ -105,6 +105,11 @@ def _role(role: dict[str, Any]) -> Iterator[Any]:
             "Assignment claims held",
             value=validator.get("claims", 0),
         )
+        yield CounterMetricFamily(
+            "swarm_node_validator_rate_limited",
+            "Submissions refused by a peer's rate limit",
+            value=validator.get("rate_limited", 0),
+        )
         yield GaugeMetricFamily(
             "swarm_node_validator_judge_queue",
             "Submissions past the precheck waiting for the judge",

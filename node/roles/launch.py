@@ -97,6 +97,7 @@ class RoleHandle:
                 **vars(self.validator.stats),
                 "claims": len(self.validator.claims),
                 "judge_queue": self.validator.judge_queue(),
+                "rate_limited": self.validator.rate_limit.refused,
                 "engine": self.validator.healer.status(),
                 "outbox": len(self.ledger.pending_handoffs()),
                 "dead_letters": self.validator.dead_letter_status(),

@@ -27,6 +27,7 @@ import trio
 from node.compute.engine import Engine
 from node.compute.healing import EngineHealer
 from node.policy_feed import PolicyFeed
+from node.roles.admission import PeerRateLimit
 from node.roles.cheats import Rogue
 from node.roles.claims import Claim, ClaimBook
 from node.roles.evidence import EvidenceService
@@ -48,6 +49,8 @@ RETRY_MAX_S = 8.0
 DEAD_AFTER_REFUSALS = 5
 """A trainer that refuses one hand-off this many times (reachable, answering, saying no) makes it
 a dead letter: no longer tried, kept in the outbox and shown in ``status`` (``dead_letters``)."""
+SUBMIT_RATE_PER_S = 2.0  # per peer; an honest worker submits once per generation (seconds)
+SUBMIT_BURST = 8
 PULL_EVERY_S = 1.0  # at most one policy pull prompted by submissions, per this interval
 
 
@@ -94,6 +97,7 @@ class Validator:
         self._last_pull = -PULL_EVERY_S
         self.review = PeerReview(self)
         self.healer = EngineHealer(engine, on_give_up=self._withdraw)
+        self.rate_limit = PeerRateLimit(SUBMIT_RATE_PER_S, SUBMIT_BURST)
         self.refusals: dict[tuple[bytes, str], int] = {}
         """Refused hand-offs (verdict id, trainer) -> refusals so far, in memory."""
         self.dead_letters: dict[tuple[bytes, str], str] = {}
@@ -123,6 +127,7 @@ class Validator:
             self.claims.prune(announcement.message.version - self.params.async_level)
 
     async def _on_submit(self, peer: str, body: bytes) -> bytes:
+        self.rate_limit.check(peer)  # before anything else, even the signature check
         submission = decode(body, RolloutSubmission)
         if submission.signer != peer:
             raise ValidationError("a submission must come from the worker that signed it")
