@@ -453,7 +453,13 @@ def _role_rows(table: Table, role_status: dict[str, Any]) -> None:
                     f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}"
                     for k, v in list(value.items())[-8:]
                 )
+            elif isinstance(value, list):  # dead letters: how many, and the first one's answer
+                first = value[0] if value else None
+                value = f"{len(value)}" + (f" (first: {first})"[:120] if first else "")
             table.add_row(f"{section} {key}", str(value))
+    disk = role_status.get("disk") or {}
+    if disk:
+        table.add_row("disk used", f"{disk.get('total', 0) / 2**20:.1f} MiB under the run folder")
     fetch = (role_status.get("shardcast") or {}).get("fetch")
     if fetch:
         table.add_row("download", json.dumps(fetch)[:120])

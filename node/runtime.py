@@ -16,6 +16,7 @@ removes the admin socket and releases the home's lock.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -64,6 +65,7 @@ log = logging.getLogger(__name__)
 SOFTWARE = "swarm-node/0.1.0"
 MAX_GOSSIP_PEERS = 32
 DEFAULT_LIMITS = StreamLimits()
+STATUS_SNAPSHOT_EVERY_S = 1.0  # how stale the metrics server's view of status() may be
 LedgerHandler = Callable[[Signed[Any]], Awaitable[None] | None]
 
 
@@ -139,6 +141,10 @@ class Node:
         self.servers: dict[str, StreamServer] = {}
         self._ledger_handlers: list[LedgerHandler] = []
         self.status_extras: dict[str, Callable[[], Any]] = {}
+        self.metrics_port: int | None = None
+        """The port ``--metrics-port`` serves on (the one picked when asked for 0)."""
+        self.status_snapshot: dict[str, Any] | None = None
+        """The last ``status()`` taken by the event loop, for other threads (metrics)."""
         """Sections that roles add to ``status()`` (name -> a function returning plain data)."""
         self._nursery: trio.Nursery | None = None
         self._relayed_spent: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
@@ -181,6 +187,7 @@ class Node:
             if config.metrics_port is not None:
                 from node.net_metrics import serve_metrics
 
+                await nursery.start(node._refresh_status_snapshot)
                 stack.enter_context(serve_metrics(node, config.metrics_port))
             await node._join(nursery)
             yield node
@@ -260,7 +267,8 @@ class Node:
     async def _addrs_changed(self) -> None:
         """Our relayed addresses changed: republish our advert so peers dial the new ones."""
         log.info("our addresses are now %s", ", ".join(self.overlay.addrs()))
-        await self.membership.publish()
+        if not self.membership.withdrawn:  # a node that gave up its role stays withdrawn
+            await self.membership.publish()
 
     async def _connect_found_peers(self) -> None:
         """Connect to the run's peers found in the DHT, so the gossip mesh does not depend on
@@ -406,6 +414,22 @@ class Node:
             "warnings": list(self.membership.duplicate_warnings),
             **{name: section() for name, section in self.status_extras.items()},
         }
+
+    async def _refresh_status_snapshot(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep ``status_snapshot`` fresh for readers on other threads (the metrics server):
+        ``status()`` reads SQLite connections and structures that belong to this event loop,
+        so only the loop calls it; a reader takes the last snapshot (a deep copy, replaced in
+        one assignment), at most ``STATUS_SNAPSHOT_EVERY_S`` old."""
+        started = False
+        while True:
+            try:
+                self.status_snapshot = copy.deepcopy(self.status())
+            except Exception as exc:  # a status section that fails must not end the node
+                log.warning("status snapshot failed: %s", exc)
+            if not started:
+                task_status.started()
+                started = True
+            await trio.sleep(STATUS_SNAPSHOT_EVERY_S)
 
     def admin_commands(self) -> dict[str, admin.Command]:
         async def status(_req: dict[str, Any]) -> dict[str, Any]:

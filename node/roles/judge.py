@@ -1,11 +1,14 @@
 """The validator's judgement of one RolloutSubmission, cheapest checks first.
 
 1. run id; 2. signer not banned; 3. policy version inside the async window; 4. request counter
-not seen before; 5. prompts, seed and sample layout equal the assignment; 6. termination,
-sampling and TOPLOC by prefill on that version (``node.verify``). Rewards come from the task
-verifier here, never from the worker. ``precheck`` is 1-5 (no model); ``judge`` runs it unless
-the caller did (``prechecked=True``), then 6. ``equivocation`` judges two signed submissions of
-one assignment (no model either).
+not seen before; 5. prompts, seed and sample layout equal the assignment, and the termination
+fields that need no tokenizer (token count, ``length`` rule, proof count and size); 6. EOS
+termination, sampling and TOPLOC by prefill on that version (``node.verify``). Rewards come from
+the task verifier here, never from the worker. ``precheck`` is 1-5 (no model); ``judge`` runs it
+unless the caller did (``prechecked=True``), then 6. ``equivocation`` judges two signed
+submissions of one assignment (no model either). Each precheck judgement names its ``check``:
+the validator refuses such work before it claims, stores or prefills anything (issue 15: cheap
+before dear), and counts refusals by check.
 
 Severity follows the design: ``hard`` (slash) for what only a cheater produces (replays,
 unassigned prompts or seeds, wrong tokens, false finishes, proofs far outside the thresholds);
@@ -28,7 +31,7 @@ from swarm.assignment import assign
 from swarm.errors import ConfigError
 from swarm.ledger import EQUIVOCATION, Balances
 from swarm.messages import REWARD_SCALE, RolloutSubmission, RunParams, Signed, Verdict
-from swarm.toploc import ProofCheck, ProofThresholds
+from swarm.toploc import CHUNK_SIZE, ProofCheck, ProofThresholds, proof_size
 
 OTHER_SUBMISSION = "other_submission"
 """The metric (hex id) by which an equivocation's Verdict names the other submission."""
@@ -41,6 +44,9 @@ class Judgement:
     reasons: list[str]
     rewards: list[float] = field(default_factory=list)
     metrics: dict[str, int | str] = field(default_factory=dict)
+    check: str = "model"
+    """Which check decided (``run``, ``ban``, ``window``, ``assignment``, ``layout``, ``seed``,
+    ``termination``, ``model``): the validator counts refusals by it; not part of the Verdict."""
 
     def verdict(self, submission: Signed[RolloutSubmission], created_at: int) -> Verdict:
         return Verdict(
@@ -62,6 +68,10 @@ def _reject(severity: str, *reasons: str, **metrics: int | str) -> Judgement:
     return Judgement(False, severity, list(reasons), metrics=dict(metrics))
 
 
+def _refuse(check: str, severity: str, *reasons: str, **metrics: int | str) -> Judgement:
+    return Judgement(False, severity, list(reasons), metrics=dict(metrics), check=check)
+
+
 @dataclass
 class JudgeContext:
     """What a validator knows when it judges: the run, its newest version, the ledger."""
@@ -80,12 +90,13 @@ def precheck(
     s = submission.message
     p = ctx.params
     if s.run_id != ctx.run_id:
-        return _reject("none", f"submission for run {s.run_id[:32]!r}, not {ctx.run_id}")
+        return _refuse("run", "none", f"submission for run {s.run_id[:32]!r}, not {ctx.run_id}")
     if ctx.balances.banned(submission.signer):
-        return _reject("none", f"worker {submission.signer} is banned")
+        return _refuse("ban", "none", f"worker {submission.signer} is banned")
     oldest = ctx.newest_version - p.async_level
     if not oldest <= s.policy_version <= ctx.newest_version:
-        return _reject(
+        return _refuse(
+            "window",
             "soft",
             f"policy version {s.policy_version} outside the window {oldest}..{ctx.newest_version}",
             policy_version=s.policy_version,
@@ -104,18 +115,48 @@ def precheck(
             excluded=ctx.suite.excluded,
         )
     except ConfigError as exc:
-        return _reject("soft", f"cannot derive the assignment: {exc}")
+        return _refuse("assignment", "soft", f"cannot derive the assignment: {exc}")
     wanted = [str(i) for i in expected.prompt_ids]
     if list(s.prompt_ids) != wanted:
-        return _reject("hard", "prompts differ from the assignment", assigned=",".join(wanted))
+        return _refuse(
+            "assignment", "hard", "prompts differ from the assignment", assigned=",".join(wanted)
+        )
     g = p.group_size
     if len(s.samples) != len(wanted) * g:
-        return _reject("hard", f"{len(s.samples)} samples, expected {len(wanted) * g}")
+        return _refuse("layout", "hard", f"{len(s.samples)} samples, expected {len(wanted) * g}")
     for j, sample in enumerate(s.samples):
         if sample.prompt_id != wanted[j // g]:
-            return _reject("hard", f"sample {j} answers prompt {sample.prompt_id!r}, not assigned")
+            return _refuse(
+                "assignment",
+                "hard",
+                f"sample {j} answers prompt {sample.prompt_id!r}, not assigned",
+            )
         if sample.seed != expected.seed:
-            return _reject("hard", f"sample {j} uses seed {sample.seed}, not the assigned seed")
+            return _refuse(
+                "seed", "hard", f"sample {j} uses seed {sample.seed}, not the assigned seed"
+            )
+        why = _termination_fields(sample.tokens, sample.finish_reason, sample.proofs, p.max_tokens)
+        if why is not None:
+            return _refuse("termination", "hard", f"sample {j}: {why}")
+    return None
+
+
+def _termination_fields(
+    tokens: tuple[int, ...], finish_reason: str, proofs: tuple[bytes, ...], max_tokens: int
+) -> str | None:
+    """What the termination and proof fields show without the model (the EOS checks need the
+    tokenizer, in the engine child): token count, the ``length`` rule, one proof of at most
+    ``proof_size()`` bytes per started chunk of ``CHUNK_SIZE`` tokens."""
+    n = len(tokens)
+    if n > max_tokens:
+        return f"{n} tokens exceed max_tokens={max_tokens}"
+    if finish_reason == "length" and n != max_tokens:
+        return f"finish reason 'length' with {n} tokens, not max_tokens={max_tokens}"
+    chunks = -(-n // CHUNK_SIZE)
+    if len(proofs) != chunks:
+        return f"{len(proofs)} proofs for {chunks} chunks of {CHUNK_SIZE} tokens"
+    if any(len(proof) > proof_size() for proof in proofs):
+        return f"a proof longer than {proof_size()} bytes"
     return None
 
 

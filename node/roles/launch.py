@@ -102,6 +102,7 @@ class RoleHandle:
         }
         if self.worker is not None:
             out["worker"] = {"loaded_version": self.worker.loaded, **vars(self.worker.stats)}
+        out["disk"] = disk_usage(self.ledger.path.parent)
         out["evidence"] = {
             **self.evidence.store.usage(),
             "served": self.evidence.served,
@@ -111,6 +112,11 @@ class RoleHandle:
             out["validator"] = {
                 **vars(self.validator.stats),
                 "claims": len(self.validator.claims),
+                "judge_queue": self.validator.judge_queue(),
+                "rate_limited": self.validator.rate_limit.refused,
+                "engine": self.validator.healer.status(),
+                "outbox": len(self.ledger.pending_handoffs()),
+                "dead_letters": self.validator.dead_letter_status(),
                 "review": vars(self.validator.review.stats),
             }
         if self.trainer is not None:
@@ -127,6 +133,25 @@ class RoleHandle:
             if t.stats.group is not None:
                 out["trainer"]["group"] = vars(t.stats.group)
         return out
+
+
+def disk_usage(run_dir: Path) -> dict[str, int]:
+    """Bytes on disk under the run's folder, by top-level entry (a database with its WAL, the
+    shard store), and ``total``: what ``status`` shows so an operator sees what grows."""
+    out: dict[str, int] = {}
+    for path in sorted(run_dir.iterdir()) if run_dir.is_dir() else []:
+        name = path.name.removesuffix("-wal").removesuffix("-shm")
+        try:
+            size = (
+                sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+                if path.is_dir()
+                else path.stat().st_size
+            )
+        except OSError:  # removed while we looked
+            continue
+        out[name] = out.get(name, 0) + size
+    out["total"] = sum(out.values())
+    return out
 
 
 @asynccontextmanager

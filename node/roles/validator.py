@@ -15,18 +15,21 @@ neither this node nor the wire. What other validators decide is read by ``node.r
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import trio
 
 from node.compute.engine import Engine
+from node.compute.healing import EngineHealer
 from node.policy_feed import PolicyFeed
+from node.roles.admission import PeerRateLimit
 from node.roles.cheats import Rogue
 from node.roles.claims import Claim, ClaimBook
 from node.roles.evidence import EvidenceService
@@ -35,7 +38,7 @@ from node.roles.review import PeerReview
 from node.roles.verdicts import Recorded, record_judgement
 from node.run import TaskSource, suite_for
 from node.runtime import Node
-from swarm.errors import NetworkError, RequestTimeout, SwarmError, ValidationError
+from swarm.errors import EngineError, NetworkError, RequestTimeout, SwarmError, ValidationError
 from swarm.ledger import Balances, LedgerStore
 from swarm.messages import RolloutSubmission, Signed, Verdict, decode
 from swarm.net.names import SAMPLES, SUBMIT
@@ -45,6 +48,11 @@ log = logging.getLogger(__name__)
 
 RETRY_FIRST_S = 1.0  # outbox retry after a failed hand-off, doubling up to RETRY_MAX_S
 RETRY_MAX_S = 8.0
+DEAD_AFTER_REFUSALS = 5
+"""A trainer that refuses one hand-off this many times (reachable, answering, saying no) makes it
+a dead letter: no longer tried, kept in the outbox and shown in ``status`` (``dead_letters``)."""
+SUBMIT_RATE_PER_S = 2.0  # per peer; an honest worker submits once per generation (seconds)
+SUBMIT_BURST = 8
 PULL_EVERY_S = 1.0  # at most one policy pull prompted by submissions, per this interval
 
 
@@ -63,6 +71,8 @@ class ValidatorStats:
     refused: int = 0
     """Not judged at all: another run, a banned worker, a copy judged elsewhere."""
     judge_seconds: float = 0.0
+    refusals: dict[str, int] = field(default_factory=dict)
+    """Precheck refusals by the check that decided (``Judgement.check``)."""
 
 
 class Validator:
@@ -90,13 +100,21 @@ class Validator:
         self.stats = ValidatorStats()
         self._loaded: int | None = None
         self._lock = trio.Lock()
+        self._newcomer_slot = trio.Lock()
         self._handoff = trio.Event()
         self._last_pull = -PULL_EVERY_S
         self.review = PeerReview(self)
+        self.healer = EngineHealer(engine, on_give_up=self._withdraw)
+        self.rate_limit = PeerRateLimit(SUBMIT_RATE_PER_S, SUBMIT_BURST)
+        self.refusals: dict[tuple[bytes, str], int] = {}
+        """Refused hand-offs (verdict id, trainer) -> refusals so far, in memory."""
+        self.dead_letters: dict[tuple[bytes, str], str] = {}
+        """Hand-offs given up on -> the trainer's last answer (retried after a restart)."""
 
     async def run(self) -> None:
         """Serve submissions, and fetch every announced version ahead of the work it brings."""
-        self.node.handle(SUBMIT, self._on_submit, SUBMIT_LIMITS)
+        server = self.node.handle(SUBMIT, self._on_submit, SUBMIT_LIMITS)
+        server.trusted = self.has_history  # reserved submit slots: earned, not given
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._deliver)
             nursery.start_soon(self.review.run)
@@ -117,13 +135,18 @@ class Validator:
             self.claims.prune(announcement.message.version - self.params.async_level)
 
     async def _on_submit(self, peer: str, body: bytes) -> bytes:
+        self.rate_limit.check(peer)  # before anything else, even the signature check
         submission = decode(body, RolloutSubmission)
         if submission.signer != peer:
             raise ValidationError("a submission must come from the worker that signed it")
         known = self.node.policy.version
         now = time.monotonic()
-        if (known is None or submission.message.policy_version > known) and (
-            now - self._last_pull >= PULL_EVERY_S
+        ahead = known is None or submission.message.policy_version > known
+        if (
+            ahead
+            and now - self._last_pull >= PULL_EVERY_S
+            and submission.message.run_id == self.node.run_id
+            and not self.ledger.balances().banned(peer)
         ):
             # Work of a version we have not heard of: gossip lost its announcement here. The
             # worker holds it (it generated on it), so ask it, then the trainers; without this
@@ -143,25 +166,41 @@ class Validator:
         )
 
     async def handle(self, submission: Signed[RolloutSubmission]) -> Signed[Verdict]:
-        """Check, then decide, then record: precheck (no model), the assignment's claims (a
-        copy judged elsewhere is refused; a different submission of it is an equivocation),
-        then the model; sign, store, gossip."""
+        """Check, then decide, then record: the precheck (no model) first, before the judge
+        lock, a claim, any storage or a prefill, refusing (``ValidationError``, counted by
+        check) what it decides; then the assignment's claims (a copy judged elsewhere is
+        refused; a different submission of it is an equivocation), then the model; sign,
+        store, gossip."""
+        again = self._verdict_again(submission)
+        if again is not None:  # delivered again: the same verdict, no second credit
+            return again
+        ctx = self._context()
+        refusal = precheck(submission, ctx, counter_seen=False)
+        if refusal is not None:
+            self.stats.refusals[refusal.check] = self.stats.refusals.get(refusal.check, 0) + 1
+            self.stats.refused += 1
+            raise ValidationError(f"refused ({refusal.check}): {'; '.join(refusal.reasons)}")
+        if self.healer.failed is not None:
+            raise EngineError(f"this validator no longer judges: {self.healer.failed}")
+        # Newcomers (no accepted work yet) queue for the judge one at a time, behind a slot of
+        # their own: a flood of fresh keys competes with itself, and a worker with a history
+        # waits behind at most one newcomer's judgement.
+        newcomer = not self.has_history(submission.signer)
+        async with self._newcomer_slot if newcomer else contextlib.nullcontext():
+            return await self._decide(submission, ctx)
+
+    async def _decide(
+        self, submission: Signed[RolloutSubmission], ctx: JudgeContext
+    ) -> Signed[Verdict]:
+        """Claims, then the model, then sign, store and gossip: under the judge lock."""
         me = self.node.peer_id
         s = submission.message
         async with self._lock:
+            again = self._verdict_again(submission)
+            if again is not None:
+                return again
             claims = self.claims.of(submission.signer, s.policy_version, s.counter)
-            for claim in claims:
-                if claim.submission == submission.id and claim.validator == me and claim.verdict:
-                    raw = self.evidence.store.get(claim.verdict) or self.ledger.verdict_raw(
-                        claim.verdict
-                    )
-                    if raw is not None:  # delivered again: the same verdict, no second credit
-                        return decode(raw, Verdict)
-            ctx = self._context()
-            judgement = precheck(submission, ctx, counter_seen=False)
-            related: list[Signed[RolloutSubmission]] = []
-            if judgement is None:
-                judgement, related = await self._check_claims(submission, claims)
+            judgement, related = await self._check_claims(submission, claims)
             if judgement is None:
                 self.claims.claim(submission.signer, s.policy_version, s.counter, submission.id, me)
                 started = time.perf_counter()
@@ -181,6 +220,28 @@ class Validator:
         if judgement.accepted:
             self._handoff.set()
         return recorded.verdict
+
+    def has_history(self, peer: str) -> bool:
+        """A worker with accepted work to its name (its balance above a newcomer's)."""
+        return self.ledger.balance(peer) > self.params.initial_balance
+
+    def judge_queue(self) -> int:
+        """Submissions past the precheck waiting for the judge lock."""
+        return int(self._lock.statistics().tasks_waiting)
+
+    def _verdict_again(self, submission: Signed[RolloutSubmission]) -> Signed[Verdict] | None:
+        """This validator's verdict on ``submission`` when it judged it already."""
+        s = submission.message
+        for claim in self.claims.of(submission.signer, s.policy_version, s.counter):
+            if claim.submission == submission.id and claim.validator == self.node.peer_id:
+                if claim.verdict is None:
+                    continue
+                raw = self.evidence.store.get(claim.verdict) or self.ledger.verdict_raw(
+                    claim.verdict
+                )
+                if raw is not None:
+                    return decode(raw, Verdict)
+        return None
 
     async def _check_claims(
         self, submission: Signed[RolloutSubmission], claims: list[Claim]
@@ -288,7 +349,25 @@ class Validator:
         return recorded
 
     async def _judge(self, submission: Signed[RolloutSubmission], ctx: JudgeContext) -> Judgement:
-        """The model's part of the judgement (the precheck passed): on the submission's version."""
+        """The model's part of the judgement (the precheck passed): on the submission's version.
+        A dead engine child is restarted (``EngineHealer``) and the submission answered with an
+        error: its claim holds no verdict, so the worker's resend is judged."""
+        try:
+            return await self._judge_on_engine(submission, ctx)
+        except EngineError as exc:
+            if await self.healer.recover(exc):
+                raise EngineError(
+                    "the validator's engine died while judging and was restarted; send again"
+                ) from exc
+            raise EngineError(f"this validator no longer judges: {self.healer.failed}") from exc
+
+    async def _withdraw(self, why: str) -> None:
+        """The engine cannot be brought back: stop advertising the validator role."""
+        await self.node.membership.withdraw()
+
+    async def _judge_on_engine(
+        self, submission: Signed[RolloutSubmission], ctx: JudgeContext
+    ) -> Judgement:
         version = submission.message.policy_version
         if version != self._loaded:
             path = self.feed.path_of(version)
@@ -329,7 +408,12 @@ class Validator:
         trainer has taken it: a trainer that was down when the verdict was made gets it later."""
         backoff = RETRY_FIRST_S
         while True:
-            pending = self.ledger.pending_handoffs()
+            # Dead letters stay in the outbox: read past them, so they never hold up the rest.
+            pending = [
+                p
+                for p in self.ledger.pending_handoffs(64 + len(self.dead_letters))
+                if p not in self.dead_letters
+            ]
             away: set[str] = set()  # trainers with no stream this round: the next one takes
             slow: set[str] = set()  # trainers that timed out: asked again next round only
             failed = False
@@ -370,8 +454,11 @@ class Validator:
                     )
                     if type(exc) is NetworkError:  # no stream at all, not a refusal or timeout
                         await self.node.forget_peer(trainer)
+                    elif not unreachable:
+                        self._refused_handoff((verdict_id, row_trainer), exc)
                     continue
                 self.ledger.mark_handed(verdict_id, row_trainer)
+                self.refusals.pop((verdict_id, row_trainer), None)
             if failed:
                 await trio.sleep(backoff)  # retry later: the outbox keeps the work
                 backoff = min(backoff * 2, RETRY_MAX_S)
@@ -380,6 +467,27 @@ class Validator:
             if len(pending) < 64:
                 await self._handoff.wait()
                 self._handoff = trio.Event()
+
+    def _refused_handoff(self, item: tuple[bytes, str], exc: SwarmError) -> None:
+        """Count a trainer's refusal of one hand-off; past ``DEAD_AFTER_REFUSALS`` it is dead."""
+        self.refusals[item] = self.refusals.get(item, 0) + 1
+        if self.refusals[item] >= DEAD_AFTER_REFUSALS:
+            del self.refusals[item]
+            self.dead_letters[item] = str(exc)
+            log.error(
+                "trainer %s refused accepted work %s %d times (%s); no longer tried, kept in"
+                " the outbox (status: dead_letters)",
+                item[1][-8:],
+                item[0].hex()[:16],
+                DEAD_AFTER_REFUSALS,
+                exc,
+            )
+
+    def dead_letter_status(self) -> list[dict[str, str]]:
+        return [
+            {"verdict": v.hex(), "trainer": t, "last_answer": why}
+            for (v, t), why in self.dead_letters.items()
+        ]
 
     def _handoff_pair(self, verdict_id: bytes) -> tuple[bytes, list[bytes]] | None:
         """The submission's id and the [submission, verdict] envelopes of accepted work, from

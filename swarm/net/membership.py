@@ -53,6 +53,10 @@ def authorize(
         )
 
 
+WITHDRAWN_TTL_S = 2.0
+"""Lifetime of the last advert of a node that stops serving its role (``withdraw``)."""
+
+
 class Membership:
     """Our advert in a run, and the adverts of the peers we found, by role."""
 
@@ -81,8 +85,12 @@ class Membership:
         self.rejected_adverts = 0
         self.duplicate_warnings: list[str] = []
         self.found = trio.Event()
+        self.withdrawn = False
+        """``withdraw()`` was called: our advert is no longer refreshed."""
 
-    def make_advert(self) -> Signed[RoleAdvert]:
+    def make_advert(self, ttl_s: float | None = None) -> Signed[RoleAdvert]:
+        """Our advert, valid ``ttl_s`` (default: the configured lifetime)."""
+        ttl = self.config.advert_ttl_s if ttl_s is None else ttl_s
         now = self.overlay.config.clock()
         issued = max(now, max(self._issued, default=0) + 1)  # strictly newer than the last
         self._issued.add(issued)
@@ -93,10 +101,21 @@ class Membership:
             software=self.config.software,
             addrs=tuple(self.overlay.addrs()),
             issued_at=issued,
-            expires_at=issued + int(self.config.advert_ttl_s * 1000),
+            expires_at=issued + int(ttl * 1000),
             capabilities=dict(self.config.capabilities),
         )
         return sign(advert, self.key)
+
+    async def withdraw(self) -> None:
+        """Stop advertising our role: replace the advert by one that expires within
+        ``WITHDRAWN_TTL_S`` and never refresh it again (peers drop us when it expires)."""
+        self.withdrawn = True
+        signed = self.make_advert(WITHDRAWN_TTL_S)
+        try:
+            await self.overlay.put_advert(signed)
+        except SwarmError as exc:
+            log.warning("withdrawing our RoleAdvert failed (%s); it expires unrefreshed", exc)
+        self.mine = signed
 
     async def publish(self) -> Signed[RoleAdvert]:
         """Store a fresh advert and our provider record for our role."""
@@ -216,7 +235,7 @@ class Membership:
         refresh_every = self.config.advert_ttl_s / 3
         next_refresh = trio.current_time() + (refresh_every if self.mine else 0.0)
         while True:
-            if trio.current_time() >= next_refresh:
+            if trio.current_time() >= next_refresh and not self.withdrawn:
                 try:
                     await self.publish()
                     next_refresh = trio.current_time() + refresh_every

@@ -15,7 +15,9 @@ SUBMIT_LIMITS: Final = StreamLimits(
     max_request=RolloutSubmission.MAX_BYTES + 1024,
     max_response=Verdict.MAX_BYTES + 1024,
     timeout=120.0,
-    concurrency=4,
+    concurrency=8,
+    per_peer=2,
+    reserved=4,  # for workers with accepted work (the validator's ``trusted``): 12 x 8 MiB at most
 )
 SAMPLES_LIMITS: Final = StreamLimits(
     max_request=RolloutSubmission.MAX_BYTES + Verdict.MAX_BYTES + 4096,

@@ -3,7 +3,11 @@
 Framing, both directions: a 4-byte big-endian length, then that many bytes. A response starts
 with a status byte: 0 = ok (the rest is the answer), 1 = refused (the rest is a UTF-8 reason).
 A server bounds how many requests it serves at once; past that it resets new streams at once
-rather than queueing them, so a peer opening streams in a loop cannot pile up work.
+rather than queueing them, so a peer opening streams in a loop cannot pile up work. The bounds
+are per peer as well as global (``StreamLimits.per_peer``), so one peer cannot hold every slot;
+and ``StreamLimits.reserved`` more slots open only to peers the server's ``trusted`` predicate
+accepts (a validator trusts workers with accepted work), so a flood of fresh identities that
+fills the shared slots competes only with itself.
 
 Later protocols (``/swarm-node/<run>/manifest/1``, ``/shard/1``, ``/submit/1``,
 ``/ledger-sync/1``) are a handler plus limits on top of ``serve`` and ``request``.
@@ -38,6 +42,10 @@ class StreamLimits:
     max_response: int = 64 * 1024
     timeout: float = 10.0
     concurrency: int = 16
+    per_peer: int = 0
+    """Requests served at once for one peer (0: only the global ``concurrency`` bounds it)."""
+    reserved: int = 0
+    """Slots past ``concurrency`` for peers that ``StreamServer.trusted`` accepts."""
 
 
 async def _read_exact(stream: Any, n: int) -> bytes:
@@ -115,21 +123,45 @@ class StreamServer:
         self.handler = handler
         self.limits = limits
         self._limiter = trio.CapacityLimiter(limits.concurrency)
+        self._reserved = trio.CapacityLimiter(limits.reserved) if limits.reserved > 0 else None
+        self._active: dict[str, int] = {}
+        self.trusted: Callable[[str], bool] | None = None
+        """Peers that may use the ``reserved`` slots (None: nobody)."""
         self.served = 0
         self.refused = 0
         self.shed = 0
 
+    def _admit(self, peer: str) -> trio.CapacityLimiter | None:
+        """The limiter whose slot this stream holds, or None to shed it."""
+        if self.limits.per_peer and self._active.get(peer, 0) >= self.limits.per_peer:
+            return None
+        for limiter in (self._limiter, self._reserved):
+            if limiter is None:
+                continue
+            if limiter is self._reserved and (self.trusted is None or not self.trusted(peer)):
+                continue
+            try:
+                limiter.acquire_nowait()
+            except trio.WouldBlock:
+                continue
+            return limiter
+        return None
+
     async def __call__(self, stream: Any) -> None:
-        try:
-            self._limiter.acquire_nowait()
-        except trio.WouldBlock:
+        peer = str(stream.muxed_conn.peer_id)
+        limiter = self._admit(peer)
+        if limiter is None:
             self.shed += 1
             await _reset(stream)
             return
+        self._active[peer] = self._active.get(peer, 0) + 1
         try:
             await self._serve(stream)
         finally:
-            self._limiter.release()
+            limiter.release()
+            self._active[peer] -= 1
+            if not self._active[peer]:
+                del self._active[peer]
 
     async def _serve(self, stream: Any) -> None:
         peer = str(stream.muxed_conn.peer_id)

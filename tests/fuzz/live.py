@@ -189,10 +189,16 @@ class LiveSwarm:
         config = self._config_ref()
         raw = await self.send("run-files", file_request(config.sha256, 0), "honest")
         assert raw is not None and hashlib.sha256(raw).digest() == config.sha256
+        # Unassigned work (prompt "p1"): the validator answers with its precheck's refusal
+        # (issue 15: refused before any claim, storage or prefill), not with a verdict.
         honest_submission = sign(self._submission(self.honest.run_id), self.honest.key)
-        raw = await self.send("submit", honest_submission.raw, "honest")
-        assert raw is not None, "the validator did not judge an honest peer's submission"
-        assert decode(raw, Verdict).message.submission_id == honest_submission.id
+        validator = self.target_node("submit").peer_id
+        try:
+            await self.honest.request(validator, "submit", honest_submission.raw, FUZZ_LIMITS)
+        except PeerError as exc:
+            assert "refused (assignment)" in str(exc), f"the validator did not answer: {exc}"
+        else:
+            raise AssertionError("the validator judged unassigned work")
         status = await self.admin_line(b'{"cmd": "status"}\n')
         assert status["ok"] and status["status"]["role"] == "inference"
 
