@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from node.compute.child import FramedChild, read_frame, write_frame
-from node.compute.groups import Group, RoundFailed
+from node.compute.groups import Group, RoundFailed, remove_stale_sockets
 from swarm.errors import EngineError, SwarmError
 
 
@@ -48,6 +48,12 @@ class TrainerChild(FramedChild):
         info = self._call("init", spec)
         self.version: int = int(info["version"])
         self.hivemind_addrs: list[str] = list(info["hivemind_addrs"])
+
+    def close(self) -> None:
+        """Stop the child and its process group; remove the hivemind sockets it left."""
+        super().close()
+        if self.hivemind_addrs:
+            remove_stale_sockets()
 
     def step(self, groups: list[Group], version: int) -> dict[str, Any]:
         """One step; ``{"failed": why}`` when the averaging round failed (nothing changed)."""
@@ -114,6 +120,7 @@ class _Training:
         self.group: Any = None
         model = load_causal_lm(Path(args["model_dir"]), dtype="float32")
         if args.get("group"):
+            remove_stale_sockets()  # left by trainers killed before
             # Before any thread or other fork: hivemind forks its DHT and averager now.
             from node.compute.averaging import TrainerGroup
 
