@@ -24,7 +24,11 @@ releases reservations of steps at or after the version a restarted child reports
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
+import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -229,6 +233,15 @@ class _Training:
             self.group.shutdown()
 
 
+def _watch_parent(parent: int) -> None:
+    """End this child and everything it forked once the node is gone, even while a request
+    keeps the main thread busy (stdin's end is noticed only between requests). Started after
+    hivemind has forked its helpers: hivemind wants no threads before that."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.killpg(0, signal.SIGKILL)  # this child leads its process group (start_new_session)
+
+
 def main() -> None:
     logging.basicConfig(
         level=logging.INFO,
@@ -251,6 +264,9 @@ def main() -> None:
                 op, args = request["op"], request.get("args") or {}
                 if op == "init":
                     training = _Training(args)
+                    threading.Thread(
+                        target=_watch_parent, args=(os.getppid(),), daemon=True
+                    ).start()
                     addrs = training.group.addrs() if training.group is not None else []
                     result: Any = {"version": training.grpo.version, "hivemind_addrs": addrs}
                 elif training is None:
