@@ -57,6 +57,7 @@ WANT_S = 20.0
 DONE_S = 24 * 3600.0
 AVERAGING_TIMEOUT_S = 10.0
 MATCHMAKING_S = 1.0
+DHT_TIMEOUT_S = 5.0
 
 
 def die_with_parent() -> None:
@@ -126,7 +127,7 @@ class TrainerGroup:
             if addr in self._connected or addr in self.addrs():
                 continue
             try:
-                self.dht.run_coroutine(_Connect(addr))
+                self.dht.run_coroutine(_Connect(addr), return_future=True).result(DHT_TIMEOUT_S)
                 self._connected.add(addr)
             except Exception as exc:  # a stale advert: the next discovery tries again
                 log.info("hivemind peer %s not reached: %s", addr, exc)
@@ -134,22 +135,36 @@ class TrainerGroup:
     def _heartbeat(self) -> None:
         while not self._stop.is_set():
             try:
-                self.dht.store(
-                    f"{self.prefix}/live",
-                    self.version,
-                    get_dht_time() + LIVE_S,
-                    subkey=self.peer,
-                )
+                self._store(f"{self.prefix}/live", self.version, LIVE_S, subkey=self.peer)
             except Exception as exc:  # the DHT is shutting down or busy: try again
                 log.debug("heartbeat failed: %s", exc)
             self._stop.wait(HEARTBEAT_S)
 
     def _records(self, key: str) -> dict[str, Any]:
-        found = self.dht.get(key, latest=True)
+        found = self._get(key)
         if found is None or not isinstance(found.value, dict):
             return {}
         now = get_dht_time()
         return {str(k): v.value for k, v in found.value.items() if v.expiration_time > now}
+
+    def _get(self, key: str) -> Any:
+        """A DHT lookup that gives up after ``DHT_TIMEOUT_S`` (a lookup was seen to hang for
+        minutes under load, which froze the trainer): None, as if nothing were stored."""
+        try:
+            return self.dht.get(key, latest=True, return_future=True).result(DHT_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("DHT lookup of %s failed: %s", key, exc)
+            return None
+
+    def _store(self, key: str, value: Any, ttl: float, subkey: str | None = None) -> bool:
+        try:
+            future = self.dht.store(
+                key, value, get_dht_time() + ttl, subkey=subkey, return_future=True
+            )
+            return bool(future.result(DHT_TIMEOUT_S))
+        except Exception as exc:
+            log.warning("DHT store of %s failed: %s", key, exc)
+            return False
 
     def live(self) -> dict[str, int]:
         """Live trainers (swarm peer id -> policy version), this one included."""
@@ -167,16 +182,15 @@ class TrainerGroup:
         return any(float(t) > since for t in voids.values())
 
     def _void(self, version: int) -> None:
-        now = get_dht_time()
-        self.dht.store(f"{self.prefix}/void/{version}", now, now + WANT_S, subkey=self.peer)
+        self._store(f"{self.prefix}/void/{version}", get_dht_time(), WANT_S, subkey=self.peer)
 
     def record_round(self, version: int, members: list[str]) -> None:
         """Say (for a day) whose samples went into the published version ``version + 1``: a
         trainer that died after the round asks this on restart, so its samples train once."""
-        self.dht.store(f"{self.prefix}/done/{version}", members, get_dht_time() + DONE_S)
+        self._store(f"{self.prefix}/done/{version}", members, DONE_S)
 
     def round_members(self, version: int) -> list[str] | None:
-        found = self.dht.get(f"{self.prefix}/done/{version}", latest=True)
+        found = self._get(f"{self.prefix}/done/{version}")
         return None if found is None else [str(p) for p in found.value]
 
     def average(self, grads: list[torch.Tensor], samples: int, version: int) -> RoundResult:
@@ -185,7 +199,7 @@ class TrainerGroup:
         started = time.perf_counter()
         self._started = {version: get_dht_time()}
         want = f"{self.prefix}/want/{version}"
-        self.dht.store(want, True, get_dht_time() + WANT_S, subkey=self.peer)
+        self._store(want, True, WANT_S, subkey=self.peer)
         if set(self.live()) == {self.peer}:
             # Alone: nothing to average with (a peer that died has left the live set).
             result = RoundResult([self.peer], samples, self.peer)

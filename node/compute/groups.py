@@ -3,7 +3,10 @@ to the training child), a step's statistics, and the collapse watch the node pro
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from swarm.errors import SwarmError
@@ -80,3 +83,22 @@ class CollapseGuard:
             self._dead_steps = 0
             return self.last_good
         return None
+
+
+def remove_stale_sockets(pattern: str = "hivemind-*.sock", folder: Path = Path("/tmp")) -> int:
+    """hivemind puts its unix sockets at fixed paths under /tmp and leaves them when its
+    processes are killed. Remove those that nothing listens on any more (a live one answers a
+    connect, so another trainer's sockets are never touched); returns how many."""
+    removed = 0
+    for path in folder.glob(pattern):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            try:
+                probe.connect(str(path))
+            except ConnectionRefusedError:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    removed += 1
+            except OSError:
+                continue
+    return removed

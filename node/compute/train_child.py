@@ -24,13 +24,17 @@ releases reservations of steps at or after the version a restarted child reports
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
+import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from node.compute.child import FramedChild, read_frame, write_frame
-from node.compute.groups import Group, RoundFailed
+from node.compute.groups import Group, RoundFailed, remove_stale_sockets
 from swarm.errors import EngineError, SwarmError
 
 
@@ -48,6 +52,12 @@ class TrainerChild(FramedChild):
         info = self._call("init", spec)
         self.version: int = int(info["version"])
         self.hivemind_addrs: list[str] = list(info["hivemind_addrs"])
+
+    def close(self) -> None:
+        """Stop the child and its process group; remove the hivemind sockets it left."""
+        super().close()
+        if self.hivemind_addrs:
+            remove_stale_sockets()
 
     def step(self, groups: list[Group], version: int) -> dict[str, Any]:
         """One step; ``{"failed": why}`` when the averaging round failed (nothing changed)."""
@@ -115,6 +125,7 @@ class _Training:
         device = str(args.get("device") or "cpu")
         model = load_causal_lm(Path(args["model_dir"]), dtype="float32", device=device)
         if args.get("group"):
+            remove_stale_sockets()  # left by trainers killed before
             # Before any thread or other fork: hivemind forks its DHT and averager now.
             from node.compute.averaging import TrainerGroup
 
@@ -223,6 +234,15 @@ class _Training:
             self.group.shutdown()
 
 
+def _watch_parent(parent: int) -> None:
+    """End this child and everything it forked once the node is gone, even while a request
+    keeps the main thread busy (stdin's end is noticed only between requests). Started after
+    hivemind has forked its helpers: hivemind wants no threads before that."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.killpg(0, signal.SIGKILL)  # this child leads its process group (start_new_session)
+
+
 def main() -> None:
     logging.basicConfig(
         level=logging.INFO,
@@ -245,6 +265,9 @@ def main() -> None:
                 op, args = request["op"], request.get("args") or {}
                 if op == "init":
                     training = _Training(args)
+                    threading.Thread(
+                        target=_watch_parent, args=(os.getppid(),), daemon=True
+                    ).start()
                     addrs = training.group.addrs() if training.group is not None else []
                     result: Any = {"version": training.grpo.version, "hivemind_addrs": addrs}
                 elif training is None:

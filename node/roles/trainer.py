@@ -63,6 +63,8 @@ this budget) so that audits can replay old verdicts."""
 IDLE_POLL_S = 0.5
 """How often an idle group trainer asks whether a peer wants a round."""
 TAKEOVER_AFTER_S = 60.0
+ADOPT_WAIT_S = 8.0
+"""How long a member tries to fetch the publisher's copy before asking whether it is alive."""
 """A live publisher that announces nothing for this long is taken over anyway."""
 
 
@@ -99,6 +101,8 @@ class Trainer:
         self.stats = TrainerStats(group=GroupStatus() if self.in_group else None)
         self.child: TrainerChild | None = None
         self.version = 0
+        self.window_floor = 0
+        """Oldest version whose samples this trainer can train (after a jump in versions)."""
         self._arrived = trio.Event()
         self.done = trio.Event()
 
@@ -232,6 +236,10 @@ class Trainer:
         path = await self.feed.fetch(announcement)
         got = announcement.message.version
         await trio.to_thread.run_sync(self._child().load, got, path)
+        if got > self.version + 1:
+            # The weights of the versions jumped over are not held here, so their samples
+            # cannot be trained (logp_old): the window starts at the adopted version for now.
+            self.window_floor = got
         self.version = got
         log.info("continuing from the published policy v%d", got)
 
@@ -251,7 +259,7 @@ class Trainer:
                     log.info("resumed at policy v%d (%d samples back)", self.version, released)
                 await self._publish(self.version)
             while self.max_versions is None or self.version < self.max_versions:
-                min_version = max(0, self.version - self.params.async_level)
+                min_version = max(0, self.version - self.params.async_level, self.window_floor)
                 if self.in_group:
                     await self._group_step(min_version)
                     continue
@@ -462,15 +470,18 @@ class Trainer:
         while publisher != me:
             known = self.node.policy.version
             if known is not None and known >= new:
+                why = f"no copy within {ADOPT_WAIT_S:g} s"
                 try:
-                    await self._adopt(new)
-                    return publisher
+                    with trio.move_on_after(ADOPT_WAIT_S):
+                        await self._adopt(new)
+                        return publisher
                 except SwarmError as exc:
-                    if publisher in await trio.to_thread.run_sync(child.live):
-                        log.warning("v%d not fetched yet (%s); retrying", new, exc)
-                        await trio.sleep(1.0)
-                        continue
-                    return await self._republish(step, members, known + 1)
+                    why = str(exc)
+                if publisher in await trio.to_thread.run_sync(child.live):
+                    log.warning("v%d not fetched yet (%s); retrying", new, why)
+                    await trio.sleep(1.0)
+                    continue
+                return await self._republish(step, members, known + 1)
             if await trio.to_thread.run_sync(child.void, step):
                 return None
             live = await trio.to_thread.run_sync(child.live)
