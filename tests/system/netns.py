@@ -315,12 +315,26 @@ class Swarm:
             store.close()
 
     def credited(self, name: str) -> list[bytes]:
-        """The submission id of every credit event in ``name``'s ledger (duplicates kept)."""
+        """The submission id of every counted credit in ``name``'s ledger (duplicates kept): a
+        credit cites its verdict, which names the submission."""
+        return [submission for submission, _ in self.credited_versions(name)]
+
+    def credited_versions(self, name: str) -> list[tuple[bytes, int]]:
+        """Counted credits of ``name``'s ledger: (submission id, its policy version)."""
         store = LedgerStore.open_existing(self.run_dir(name) / "ledger.db")
         try:
-            return [e.message.evidence for e in store.events() if e.message.event == "credit"]
+            credits = [e for e in store.events() if e.message.event == "credit"]
+            facts = [
+                store.verdict_facts(e.message.evidence) for e in credits if store.is_counted(e.id)
+            ]
+            return [(f.submission, f.policy_version) for f in facts if f is not None]
         finally:
             store.close()
+
+    def queue_versions(self) -> list[int]:
+        path = self.run_dir("trainer") / "samples.db"
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            return [int(v) for (v,) in db.execute("SELECT DISTINCT version FROM accepted")]
 
     def credits_of(self, name: str, worker: str) -> int:
         """How many credit events for ``worker``'s peer ID ``name``'s ledger holds."""
