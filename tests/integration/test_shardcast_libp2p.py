@@ -11,7 +11,15 @@ import trio
 
 from node.runtime import Node
 from swarm.errors import PeerError
-from swarm.shardcast import FetchConfig, ShardStore, fetch_manifest, fetch_version, publish
+from swarm.messages import ShardManifest, Signed
+from swarm.shardcast import (
+    FetchConfig,
+    FetchResult,
+    ShardStore,
+    fetch_manifest,
+    fetch_version,
+    publish,
+)
 from swarm.shardcast.datachannel import DataChannelServer
 from swarm.shardcast.protocol import ShardRequest
 from swarm.shardcast.serve import ShardServer
@@ -152,6 +160,22 @@ async def _has(service: object, peer: str) -> bool:
     return peer in await service.providers(2)  # type: ignore[attr-defined]
 
 
+async def fetch_v1(
+    net: NetFactory, trainer: Node, source: StreamShardSource, root: Path
+) -> tuple[Signed[ShardManifest], FetchResult]:
+    """Fetch version 1 from ``trainer`` alone into a new store at ``root``: (manifest, result)."""
+    manifest = await fetch_manifest(source, [trainer.peer_id], net.genesis, 1)
+    result = await fetch_version(
+        ShardStore(root),
+        manifest,
+        source,
+        [trainer.peer_id],
+        config=FetchConfig(stall_timeout=10),
+        rng=random.Random(0),
+    )
+    return manifest, result
+
+
 async def test_an_unreachable_data_channel_falls_back_to_the_shard_stream(tmp_path: Path) -> None:
     async with NetFactory() as net:
         trainer, receiver = await two_nodes(net)
@@ -164,15 +188,7 @@ async def test_an_unreachable_data_channel_falls_back_to_the_shard_stream(tmp_pa
             nursery.cancel_scope.cancel()  # offered, but nobody listens there any more
         serve_shardcast(trainer, server, channel)
         source = StreamShardSource(receiver)
-        manifest = await fetch_manifest(source, [trainer.peer_id], net.genesis, 1)
-        result = await fetch_version(
-            ShardStore(tmp_path / "rx"),
-            manifest,
-            source,
-            [trainer.peer_id],
-            config=FetchConfig(stall_timeout=10),
-            rng=random.Random(0),
-        )
+        manifest, result = await fetch_v1(net, trainer, source, tmp_path / "rx")
         assert result.path.read_bytes() == ckpt.read_bytes()
         assert source.stream_pulls == len(manifest.message.shard_hashes)
         assert source.channel_pulls == 0
@@ -197,15 +213,7 @@ async def test_a_data_channel_offer_naming_another_host_is_refused_for_streams(
         await nursery.start(channel.run)
         serve_shardcast(trainer, server, channel)
         source = StreamShardSource(receiver)
-        manifest = await fetch_manifest(source, [trainer.peer_id], net.genesis, 1)
-        result = await fetch_version(
-            ShardStore(tmp_path / "rx"),
-            manifest,
-            source,
-            [trainer.peer_id],
-            config=FetchConfig(stall_timeout=10),
-            rng=random.Random(0),
-        )
+        manifest, result = await fetch_v1(net, trainer, source, tmp_path / "rx")
         assert result.path.read_bytes() == ckpt.read_bytes()
         assert source.refused_offers >= 1  # pulls run in parallel: each may have asked
         assert source.channel_pulls == 0 and channel.connections == 0
