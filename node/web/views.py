@@ -196,7 +196,7 @@ class RunView:
 
         try:
             verdict = await self._envelope(verdict_id, Verdict)
-            if verdict is None or verdict.message.worker != (worker or verdict.message.worker):
+            if verdict is None or (worker and verdict.message.worker != worker):
                 return None
             submission = await self._envelope(verdict.message.submission_id, RolloutSubmission)
             if submission is None:
