@@ -25,6 +25,9 @@ Decisions this module owns:
   outsider, so at most one manifest is cut per version. A member whose round failed voids it
   too (the others may have finished it), with a time stamp, so a later round of the same
   version is not void.
+- **Lost versions** (``mark_lost``/``lost``): a record, kept a day, of an announced version
+  whose weights died with its publisher before anyone fetched them; the trainer that goes on
+  without it writes it, the publisher reads it when it restarts.
 - **Cancellation/death**: a failed or timed-out round raises ``RoundFailed``; the caller releases
   the samples. Forked helpers die with the child (``PR_SET_PDEATHSIG`` via
   ``os.register_at_fork``), and the parent kills the child's process group.
@@ -192,6 +195,15 @@ class TrainerGroup:
     def round_members(self, version: int) -> list[str] | None:
         found = self._get(f"{self.prefix}/done/{version}")
         return None if found is None else [str(p) for p in found.value]
+
+    def mark_lost(self, version: int) -> None:
+        """Say (for a day) that the announced ``version`` is lost: its publisher died before
+        anyone fetched it, and the others went on without it. Its publisher, restarted, gives
+        back the samples it trained into it."""
+        self._store(f"{self.prefix}/lost/{version}", True, DONE_S)
+
+    def lost(self, version: int) -> bool:
+        return self._get(f"{self.prefix}/lost/{version}") is not None
 
     def average(self, grads: list[torch.Tensor], samples: int, version: int) -> RoundResult:
         """Replace ``grads`` by the group's sample-weighted mean (``RoundFailed`` on failure)."""

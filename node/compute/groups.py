@@ -19,24 +19,30 @@ class RoundFailed(SwarmError):
 
 @dataclass(frozen=True)
 class Group:
-    """G completions of one prompt, their rewards, and the policy version that sampled them."""
+    """G completions of one prompt, their rewards, and the policy version that sampled them.
+
+    ``prompt`` holds the prompt's token ids; a trainer's node process, which has no tokenizer,
+    leaves it empty and gives the prompt's ``text``, which the training child tokenizes."""
 
     prompt: list[int]
     completions: list[list[int]]
     rewards: list[float]
     version: int
+    text: str = ""
 
     def to_wire(self) -> list[Any]:
-        return [self.prompt, self.completions, self.rewards, self.version]
+        wire: list[Any] = [self.prompt, self.completions, self.rewards, self.version]
+        return [*wire, self.text] if self.text else wire
 
     @classmethod
     def from_wire(cls, obj: Any) -> Group:
-        prompt, completions, rewards, version = obj
+        prompt, completions, rewards, version, *text = obj
         return cls(
             [int(t) for t in prompt],
             [[int(t) for t in c] for c in completions],
             [float(r) for r in rewards],
             int(version),
+            str(text[0]) if text else "",
         )
 
 

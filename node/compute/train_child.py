@@ -4,18 +4,20 @@ and (several trainers) hivemind; the node process keeps the queue, networking an
 Run as ``python -m node.compute.train_child``; frames as in ``node.compute.child`` (msgpack, no
 pickle). Parent side: :class:`TrainerChild`. Requests:
 
-- ``init`` {model_dir, device, config, keep_versions, pad_id, checkpoint, policies, threads, group}
-  -> {version, hivemind_addrs}. ``group`` (several genesis trainers) starts hivemind
+- ``init`` {model_dir, device, config, keep_versions, pad_id, checkpoint, policies, threads, group,
+  chat_template} -> {version, hivemind_addrs}. ``group`` (several genesis trainers) starts hivemind
   (``node.compute.averaging``) and is ``None`` for a lone trainer, which never loads hivemind.
 - ``step`` {groups, version} -> {stats, round, weights}: one GRPO step from ``version`` (which
   must be the child's), gradient averaged with the live trainers when in a group; writes the
-  new version's safetensors (``policies/v<N>.safetensors``) and the checkpoint.
+  new version's safetensors (``policies/v<N>.safetensors``) and the checkpoint. Groups that
+  carry their prompt's text instead of its tokens are tokenized here (``tokenize_prompts``):
+  the node process imports no tokenizer.
 - ``load`` {version, path}: continue from another trainer's published copy of ``version``.
 - ``discard`` {version}: undo a void round (back to the held weights of ``version``).
 - ``relabel`` {version}: the current weights become ``version`` (a lost copy republished).
 - ``rollback`` {version} -> {taken, weights}; ``connect`` {addrs}; ``wanted`` {version};
   ``void`` {version}; ``live``; ``record_round`` {version, members}; ``round_members``
-  {version}; ``status``.
+  {version}; ``mark_lost`` {version}; ``lost`` {version}; ``status``.
 
 The checkpoint is written after every change of version, atomically; the node's sample queue
 releases reservations of steps at or after the version a restarted child reports.
@@ -29,7 +31,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +106,33 @@ class TrainerChild(FramedChild):
         found = self._call("round_members", {"version": version})
         return None if found is None else [str(p) for p in found]
 
+    def mark_lost(self, version: int) -> None:
+        self._call("mark_lost", {"version": version})
+
+    def lost(self, version: int) -> bool:
+        return bool(self._call("lost", {"version": version}))
+
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = self._call("status", {})
         return out
+
+
+# -- prompts: the node process queues their text, this child tokenizes them --------------------
+
+
+def tokenize_prompts(groups: list[Group], text: Any) -> list[Group]:
+    """Fill in the token ids of groups that carry only their prompt's text, with the run
+    model's own tokenizer and chat template (``text``: a ``node.model.text.ModelText``)."""
+    ids: dict[str, list[int]] = {}
+    out = []
+    for g in groups:
+        if g.prompt or not g.text:
+            out.append(g)
+            continue
+        if g.text not in ids:
+            ids[g.text] = list(text.encode_prompt(g.text))
+        out.append(replace(g, prompt=ids[g.text]))
+    return out
 
 
 # -- the child side ------------------------------------------------------------------------------
@@ -118,12 +144,14 @@ class _Training:
 
         from node.compute.grpo import GRPOConfig, GRPOTrainer
         from node.model import load_causal_lm
+        from node.model.text import ModelText
 
         if args.get("threads"):
             torch.set_num_threads(int(args["threads"]))
         self.group: Any = None
         device = str(args.get("device") or "cpu")
         model = load_causal_lm(Path(args["model_dir"]), dtype="float32", device=device)
+        self.text = ModelText(args["model_dir"], chat_template=bool(args.get("chat_template")))
         if args.get("group"):
             remove_stale_sockets()  # left by trainers killed before
             # Before any thread or other fork: hivemind forks its DHT and averager now.
@@ -167,7 +195,8 @@ class _Training:
 
     def serve(self, op: str, args: dict[str, Any]) -> Any:
         if op == "step":
-            return self.step([Group.from_wire(g) for g in args["groups"]], int(args["version"]))
+            groups = tokenize_prompts([Group.from_wire(g) for g in args["groups"]], self.text)
+            return self.step(groups, int(args["version"]))
         if op == "load":
             from safetensors.torch import load_file
 
@@ -207,6 +236,11 @@ class _Training:
             return None
         if op == "round_members":
             return self.group.round_members(int(args["version"]))
+        if op == "mark_lost":
+            self.group.mark_lost(int(args["version"]))
+            return None
+        if op == "lost":
+            return self.group.lost(int(args["version"]))
         raise EngineError(f"unknown trainer request {op!r}")
 
     def step(self, groups: list[Group], version: int) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from node.roles.cheats import Rogue
 from node.roles.claims import ClaimBook
 from node.roles.evidence import EvidenceService
 from node.roles.ledger_sync import LedgerReplica
-from node.roles.trainer import Trainer
+from node.roles.trainer import Trainer, heavy_modules
 from node.roles.validator import Validator
 from node.roles.worker import InferenceWorker, Tamper
 from node.run import suite_for
@@ -129,6 +129,7 @@ class RoleHandle:
                 "rollbacks": t.stats.rollbacks,
                 "published_at": t.stats.published_at,
                 "busy_s": round(t.stats.busy_seconds, 3),
+                "heavy_modules": heavy_modules(),
             }
             if t.stats.group is not None:
                 out["trainer"]["group"] = vars(t.stats.group)

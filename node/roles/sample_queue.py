@@ -35,12 +35,12 @@ CREATE TABLE IF NOT EXISTS settled (step INTEGER PRIMARY KEY);
 
 def _pack(groups: list[Group]) -> bytes:
     return msgpack.packb(  # type: ignore[no-any-return]
-        [[g.prompt, g.completions, g.rewards, g.version] for g in groups], use_bin_type=True
+        [g.to_wire() for g in groups], use_bin_type=True
     )
 
 
 def _unpack(data: bytes) -> list[Group]:
-    return [Group(p, c, r, v) for p, c, r, v in msgpack.unpackb(data)]
+    return [Group.from_wire(g) for g in msgpack.unpackb(data)]
 
 
 class SampleQueue:
@@ -127,6 +127,13 @@ class SampleQueue:
         rows = self._db.execute(
             "SELECT DISTINCT step FROM accepted WHERE step IS NOT NULL"
             " AND step NOT IN (SELECT step FROM settled) ORDER BY step"
+        )
+        return [int(r[0]) for r in rows]
+
+    def reserved_steps(self) -> list[int]:
+        """Steps holding reservations, settled or not."""
+        rows = self._db.execute(
+            "SELECT DISTINCT step FROM accepted WHERE step IS NOT NULL ORDER BY step"
         )
         return [int(r[0]) for r in rows]
 

@@ -21,6 +21,7 @@ class GroupStatus:
     publisher: str | None = None
     published_here: int = 0
     takeovers: int = 0
+    lost_versions: int = 0
     averaging_seconds: float = 0.0
     bytes_averaged: int = 0
 

@@ -1,0 +1,325 @@
+"""Several trainers, one policy: the rounds of a trainer in a group (``Trainer`` drives it when
+the genesis names more than one trainer; the averaging itself runs in the training child,
+``node.compute.averaging``).
+
+Decisions this module owns:
+
+- **Joining** (``join``): a trainer advertises its hivemind address in its signed RoleAdvert,
+  connects its child to the addresses in the other trainers' adverts, loads the swarm's newest
+  policy, settles the rounds a previous life left open (it keeps the reservations of rounds
+  recorded with it as a member, releases the rest, and gives back the samples of versions
+  recorded lost), and publishes v0 when nobody has (the first genesis trainer first).
+- **Share** (``step``): validators hand each submission to one trainer, so each takes
+  ``ceil(submissions_per_step / live trainers)`` per round; an idle trainer joins a round a peer
+  wants with weight 0.
+- **Publishing** (``_publish_round``): the round's publisher (smallest peer id among its members)
+  cuts and announces the version; the others load its copy through SHARDCAST. A publisher that
+  falls out of the live set before announcing is replaced by the next member, which publishes
+  its own (averaged, so equal up to float noise) copy; one that announced and died before
+  anyone held the copy is replaced by a member's copy under the next number (``_republish``).
+  Each round's members are recorded in the group's DHT before the announcement.
+- **Lost versions** (``catch_up``): a version whose weights cannot be fetched for
+  ``LOST_AFTER_S``, announced by a trainer that left the live set, was lost with it (it trained
+  alone and was killed before anyone fetched it). The others continue from the newest version
+  they can get, call it by the lost number locally (never announced again: one manifest per
+  version) and publish the next; the lost version is recorded so that its publisher, restarted,
+  releases the samples it trained into it, and they train once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from node.compute.groups import Group, StepStats
+from node.compute.train_child import TrainerChild
+from node.roles.trainer_stats import GroupStatus
+from swarm.errors import SwarmError
+
+if TYPE_CHECKING:
+    from node.roles.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.5
+"""How often an idle group trainer asks whether a peer wants a round."""
+TAKEOVER_AFTER_S = 60.0
+"""A live publisher that announces nothing for this long is taken over anyway."""
+ADOPT_WAIT_S = 8.0
+"""How long a member tries to fetch the publisher's copy before asking whether it is alive."""
+LOST_AFTER_S = 15.0
+"""How long a version announced by a trainer that left the group must stay unfetchable before
+the others call it lost and go on without it."""
+
+
+class GroupRounds:
+    """A trainer's part in its group: joining, one round per version, publishing or adopting."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.t = trainer
+        self.status = GroupStatus()
+        self._unfetched_since: dict[int, float] = {}
+
+    @property
+    def child(self) -> TrainerChild:
+        return self.t.child_or_fail()
+
+    async def _sync(self, fn: Any, *args: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, *args)
+
+    # -- meeting the group ---------------------------------------------------------------------
+
+    async def _trainer_addrs(self) -> list[str]:
+        """The hivemind addresses in the other trainers' adverts (an advert read before its
+        trainer's child started is read again)."""
+        node = self.t.node
+        out: list[str] = []
+        for peer in node.peers_by_role().get("trainer", []):
+            advert = node.membership.advert_of(peer)
+            if advert is not None and "hivemind" not in advert.message.capabilities:
+                advert = await node.membership.refresh(peer)
+            if advert is not None:
+                out += [str(a) for a in advert.message.capabilities.get("hivemind", [])]
+        return out
+
+    async def connect_new_trainers(self) -> None:
+        addrs = await self._trainer_addrs()
+        if addrs:
+            await self._sync(self.child.connect, addrs)
+
+    async def join(self) -> None:
+        t, node, child = self.t, self.t.node, self.child
+        caps = dict(node.membership.config.capabilities)
+        caps["hivemind"] = child.hivemind_addrs
+        node.membership.config.capabilities = caps
+        await node.membership.publish()
+        with trio.move_on_after(15):
+            while not await self._trainer_addrs():
+                await node.membership.discover()
+                await trio.sleep(0.5)
+        await self._sync(child.connect, await self._trainer_addrs())
+        first = t.trainers[0]
+        with trio.move_on_after(3 if node.peer_id == first else 10):
+            await node.policy.wait_for(0)  # a running swarm answers the catch-up at once
+        known = node.policy.version
+        if known is not None and known >= t.version and known > 0:
+            try:
+                await t.adopt(known)
+            except SwarmError as exc:  # the loop tries again (or a peer republishes)
+                log.warning("policy v%d not fetched at start (%s)", known, exc)
+        for step in t.queue.unsettled_steps():
+            members = await self._sync(child.round_members, step)
+            if members is not None and node.peer_id in members:
+                t.queue.settle(step)
+            else:
+                n = t.queue.release(step)
+                log.info("round of v%d never published with us: %d samples back", step, n)
+        for step in t.queue.reserved_steps():
+            if await self._sync(child.lost, step + 1):
+                n = t.queue.release(step)
+                log.warning("v%d was lost with us (killed first): %d samples back", step + 1, n)
+        if node.policy.version is None:
+            if node.peer_id != first:
+                with trio.move_on_after(30):  # the first genesis trainer announces v0
+                    await node.policy.wait_for(0)
+            if node.policy.version is None:
+                await t.publish(t.version)
+        self.status.peers = sorted(await self._sync(child.live))
+
+    # -- catching up -----------------------------------------------------------------------------
+
+    async def catch_up(self, known: int) -> None:
+        """Continue from the swarm's newest version ``known`` (a round we were not in), or
+        without it when it was lost with its publisher."""
+        t = self.t
+        try:
+            await t.adopt(known)
+            self._unfetched_since.clear()
+            return
+        except SwarmError as exc:
+            why = str(exc)
+        since = self._unfetched_since.setdefault(known, time.monotonic())
+        announced = t.node.policy.accepted.get(known)
+        publisher = None if announced is None else announced.signer
+        live = await self._sync(self.child.live)
+        if publisher in live or time.monotonic() - since < LOST_AFTER_S:
+            log.warning("policy v%d not fetched yet (%s); retrying", known, why)
+            await trio.sleep(1.0)
+            return
+        await self._go_on_without(known, str(publisher), why)
+
+    async def _go_on_without(self, lost: int, publisher: str, why: str) -> None:
+        t, child = self.t, self.child
+        for v in sorted((v for v in t.node.policy.accepted if t.version < v < lost), reverse=True):
+            try:
+                with trio.move_on_after(ADOPT_WAIT_S):
+                    await t.adopt(v, announced=t.node.policy.accepted[v])
+                    break
+            except SwarmError:
+                continue
+        log.error(
+            "policy v%d is lost: its publisher %s left the group before anyone fetched it (%s);"
+            " continuing from v%d, the next round publishes v%d",
+            lost,
+            publisher[-8:],
+            why,
+            t.version,
+            lost + 1,
+        )
+        await self._sync(child.mark_lost, lost)
+        await self._sync(child.relabel, lost)  # never announced: one manifest per version
+        if lost > t.version + 1:  # the versions between are not held: nor are their samples
+            t.window_floor = lost
+        t.version = lost
+        self.status.lost_versions += 1
+        self._unfetched_since.clear()
+
+    # -- a round -------------------------------------------------------------------------------
+
+    async def _round_wanted(self, min_version: int, share: int) -> bool:
+        """Wait (at most ``IDLE_POLL_S``) until we have our share, or a peer wants a round."""
+        t = self.t
+        if t.queue.pending(min_version) >= share:
+            return True
+        with trio.move_on_after(IDLE_POLL_S):
+            await t.arrived()
+        if t.queue.pending(min_version) >= share:
+            return True
+        wanted = await self._sync(self.child.wanted, t.version)
+        return any(p != t.node.peer_id for p in wanted)
+
+    async def step(self, min_version: int) -> None:
+        t, child = self.t, self.child
+        known = t.node.policy.version
+        if known is not None and known > t.version:
+            await self.catch_up(known)
+            return
+        live = await self._sync(child.live)
+        self.status.peers = sorted(live)
+        share = max(1, math.ceil(t.params.submissions_per_step / max(1, len(live))))
+        idle_from = time.perf_counter()
+        wanted = await self._round_wanted(min_version, share)
+        t.stats.idle_seconds += time.perf_counter() - idle_from
+        if not wanted:
+            await self.connect_new_trainers()
+            return
+        busy_from = time.perf_counter()
+        step = t.version
+        batch = t.queue.take(step, share, min_version)
+        groups = [g for _, gs in batch for g in gs]
+        out = await self._sync(child.step, groups, step)
+        try:
+            await self._finish_round(step, groups, out)
+        finally:
+            t.stats.busy_seconds += time.perf_counter() - busy_from
+
+    async def _undo(self, step: int) -> None:
+        await self._sync(self.child.discard, step)
+        self.t.queue.release(step)
+
+    async def _finish_round(self, step: int, groups: list[Group], out: dict[str, Any]) -> None:
+        t, gs = self.t, self.status
+        if "failed" in out:
+            gs.rounds_failed += 1
+            t.queue.release(step)
+            log.warning("%s; its samples are back in the queue", out["failed"])
+            return
+        rnd = out["round"]
+        stats = t.record(StepStats(**out["stats"]))
+        members = list(rnd["members"])
+        if rnd["group_samples"] == 0 and not groups:
+            await self._undo(step)  # nobody had signal: the weights did not move
+            return
+        if rnd["void"] or await self._sync(self.child.void, step):
+            gs.rounds_void += 1
+            log.warning("round v%d was void (two groups formed); samples back", step)
+            await self._undo(step)
+            return
+        published = await self._publish_round(step, members, rnd["publisher"])
+        if not published:
+            await self._undo(step)
+            return
+        t.queue.settle(step)
+        t.retain()
+        gs.rounds_averaged += len(members) > 1
+        gs.samples_contributed += sum(len(g.completions) for g in groups)
+        gs.publisher = published
+        gs.averaging_seconds += float(rnd["seconds"])
+        gs.bytes_averaged += int(rnd["bytes_averaged"])
+        log.info(
+            "round v%d -> v%d: %d trainers, %d samples (publisher %s)",
+            step,
+            stats.version,
+            len(members),
+            rnd["group_samples"],
+            published[-8:],
+        )
+
+    async def _publish_round(self, step: int, members: list[str], publisher: str) -> str | None:
+        """Publish ``step + 1`` when it is ours to, otherwise wait for the publisher's copy and
+        load it; take over from a publisher that died. Returns who published it (None: the
+        round is void, or another copy of this version won; the caller undoes it)."""
+        t, child = self.t, self.child
+        me, new = t.node.peer_id, step + 1
+        deadline = trio.current_time() + TAKEOVER_AFTER_S
+        while publisher != me:
+            known = t.node.policy.version
+            if known is not None and known >= new:
+                why = f"no copy within {ADOPT_WAIT_S:g} s"
+                try:
+                    with trio.move_on_after(ADOPT_WAIT_S):
+                        await t.adopt(new)
+                        return publisher
+                except SwarmError as exc:
+                    why = str(exc)
+                if publisher in await self._sync(child.live):
+                    log.warning("v%d not fetched yet (%s); retrying", new, why)
+                    await trio.sleep(1.0)
+                    continue
+                return await self._republish(step, members, known + 1)
+            if await self._sync(child.void, step):
+                return None
+            live = await self._sync(child.live)
+            alive = [m for m in members if m in live]
+            if publisher not in live or trio.current_time() > deadline:
+                log.warning("v%d: publisher %s silent; the next member publishes", new, publisher)
+                publisher = min(m for m in [*alive, me] if m != publisher)
+                if publisher == me:
+                    log.warning("v%d: the round's publisher is gone; publishing our copy", new)
+                    self.status.takeovers += 1
+            else:
+                await trio.sleep(0.5)
+        known = t.node.policy.version
+        if known is not None and known >= new:
+            log.warning("v%d was published by another round first; ours is undone", new)
+            return None
+        await self._sync(child.record_round, step, members)
+        try:
+            await t.publish(new)
+        except SwarmError as exc:
+            log.warning("v%d could not be announced (%s); the round is undone", new, exc)
+            t.feed.discard_own(new)
+            return None
+        t.version = new
+        self.status.published_here += 1
+        return me
+
+    async def _republish(self, step: int, members: list[str], version: int) -> str:
+        """The publisher announced the round's version and died before anyone held its copy:
+        publish our own copy of the round's result as ``version`` (versions only move forward),
+        so the run goes on and the round's samples still count once."""
+        t, child = self.t, self.child
+        log.warning(
+            "the publisher died before serving v%d; publishing our copy as v%d", step + 1, version
+        )
+        self.status.takeovers += 1
+        await self._sync(child.relabel, version)
+        await self._sync(child.record_round, step, members)
+        await t.publish(version)
+        t.version = version
+        self.status.published_here += 1
+        return t.node.peer_id
