@@ -118,10 +118,7 @@ class GroupRounds:
             else:
                 n = t.queue.release(step)
                 log.info("round of v%d never published with us: %d samples back", step, n)
-        for step in t.queue.reserved_steps():
-            if await self._sync(child.lost, step + 1):
-                n = t.queue.release(step)
-                log.warning("v%d was lost with us (killed first): %d samples back", step + 1, n)
+        await self.give_back_lost()
         if node.policy.version is None:
             if node.peer_id != first:
                 with trio.move_on_after(30):  # the first genesis trainer announces v0
@@ -129,6 +126,17 @@ class GroupRounds:
             if node.policy.version is None:
                 await t.publish(t.version)
         self.status.peers = sorted(await self._sync(child.live))
+
+    async def give_back_lost(self) -> int:
+        """Release the samples this trainer trained into versions the group recorded lost (it
+        published them alone and was killed before anyone fetched them); returns how many."""
+        t, back = self.t, 0
+        for step in t.queue.reserved_steps():
+            if await self._sync(self.child.lost, step + 1):
+                n = t.queue.release(step)
+                log.warning("v%d was lost with us (killed first): %d samples back", step + 1, n)
+                back += n
+        return back
 
     # -- catching up -----------------------------------------------------------------------------
 

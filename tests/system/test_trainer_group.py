@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from node.up import DEMO_PARAMS, LocalSwarm, UpConfig
 from swarm.ledger import LedgerStore
@@ -54,12 +55,15 @@ async def _kill_and_go_on(swarm: LocalSwarm, name: str) -> None:
     await swarm.poll()
     before = policy(swarm)
     swarm.kill(name)
+    killed = trio.current_time()
 
     async def advanced_past(v: int) -> bool:
         await swarm.poll()
         return policy(swarm) > v
 
     await wait_until(lambda: advanced_past(before), FAILOVER_S, poll=0.5)
+    took = trio.current_time() - killed
+    print(f"kill -9 {name}: v{before} -> v{policy(swarm)} {took:.1f} s later")
     await wait_until(lambda: advanced_past(before + 1), 120, poll=1.0)
 
 

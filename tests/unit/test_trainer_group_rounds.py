@@ -1,0 +1,153 @@
+"""A group trainer's decisions that need no network: prompts travel as text to the training
+child (the node process has no tokenizer), and a version lost with its publisher (killed before
+anyone fetched it) is gone on from, recorded, and its samples given back on the publisher's
+restart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.compute.groups import Group
+from node.compute.train_child import tokenize_prompts
+from node.roles import trainer_group
+from node.roles.sample_queue import SampleQueue
+from node.roles.trainer_group import GroupRounds
+from node.roles.trainer_stats import TrainerStats
+from swarm.errors import NetworkError
+
+
+def test_a_prompt_queued_as_text_is_tokenized_in_the_child(tmp_path: Path) -> None:
+    queued = Group([], [[5, 6], [7]], [1.0, 0.0], 3, text="2+2=")
+    q = SampleQueue(tmp_path / "q.db")
+    q.put(b"s", 3, [queued])
+    [(_, [back])] = q.take(step=3, max_submissions=1, min_version=0)
+    assert back == queued  # the text survives the queue (and the pipe: the same wire form)
+    assert Group.from_wire(queued.to_wire()) == queued
+    assert Group.from_wire([[1], [[2]], [0.5], 0]) == Group([1], [[2]], [0.5], 0)  # old rows
+
+    class Text:
+        calls = 0
+
+        def encode_prompt(self, text: str) -> list[int]:
+            Text.calls += 1
+            return [ord(c) for c in text]
+
+    tokens = Group([9], [[1]], [1.0], 3)
+    out = tokenize_prompts([queued, tokens, queued], Text())
+    assert out[0].prompt == [ord(c) for c in "2+2="] and out[0].completions == [[5, 6], [7]]
+    assert out[1] is tokens  # already tokenized: left alone
+    assert out[2] == out[0] and Text.calls == 1
+
+
+@dataclass
+class FakeChild:
+    live_peers: dict[str, int]
+    lost_versions: set[int] = field(default_factory=set)
+    relabelled: list[int] = field(default_factory=list)
+
+    def live(self) -> dict[str, int]:
+        return self.live_peers
+
+    def mark_lost(self, version: int) -> None:
+        self.lost_versions.add(version)
+
+    def lost(self, version: int) -> bool:
+        return version in self.lost_versions
+
+    def relabel(self, version: int) -> None:
+        self.relabelled.append(version)
+
+
+@dataclass
+class Announced:
+    signer: str
+
+
+class FakePolicy:
+    def __init__(self, accepted: dict[int, str]) -> None:
+        self.accepted = {v: Announced(s) for v, s in accepted.items()}
+
+
+class FakeTrainer:
+    """What ``GroupRounds`` uses of ``Trainer``: a version it holds, adopt (which fails for the
+    versions in ``unfetchable``), the policy tracker and the queue."""
+
+    def __init__(self, child: FakeChild, version: int, accepted: dict[int, str], q: Any) -> None:
+        self.child = child
+        self.version = version
+        self.window_floor = 0
+        self.unfetchable: set[int] = set()
+        self.node = type("N", (), {"policy": FakePolicy(accepted), "peer_id": "me"})()
+        self.queue = q
+        self.stats = TrainerStats()
+
+    def child_or_fail(self) -> FakeChild:
+        return self.child
+
+    async def adopt(self, version: int, announced: Any = None) -> None:
+        if version in self.unfetchable:
+            raise NetworkError(f"version {version}: every provider failed")
+        self.version = version
+
+
+async def test_a_version_lost_with_its_publisher_is_gone_on_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(trainer_group.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(trainer_group.trio, "sleep", _no_sleep)
+    child = FakeChild(live_peers={"me": 3})
+    t = FakeTrainer(child, 3, {4: "dead", 5: "dead"}, SampleQueue(tmp_path / "q.db"))
+    t.unfetchable = {5}
+    rounds = GroupRounds(t)  # type: ignore[arg-type]
+
+    await rounds.catch_up(5)  # the first failure: maybe only slow
+    assert t.version == 3 and not child.lost_versions
+    clock[0] += trainer_group.LOST_AFTER_S - 1
+    await rounds.catch_up(5)
+    assert not child.lost_versions
+
+    clock[0] += 2  # unfetchable for LOST_AFTER_S and its publisher is not live: lost
+    await rounds.catch_up(5)
+    assert child.lost_versions == {5}
+    assert t.version == 5 and child.relabelled == [5]  # v4 (fetchable) was adopted first
+    assert t.window_floor == 0  # v4 is held: its samples still train
+    assert rounds.status.lost_versions == 1
+
+
+async def test_a_version_whose_publisher_lives_is_never_called_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(trainer_group.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(trainer_group.trio, "sleep", _no_sleep)
+    child = FakeChild(live_peers={"me": 3, "slow": 5})
+    t = FakeTrainer(child, 3, {5: "slow"}, SampleQueue(tmp_path / "q.db"))
+    t.unfetchable = {5}
+    rounds = GroupRounds(t)  # type: ignore[arg-type]
+    for _ in range(3):
+        await rounds.catch_up(5)
+        clock[0] += trainer_group.LOST_AFTER_S
+    assert not child.lost_versions and t.version == 3
+
+
+async def test_the_publisher_of_a_lost_version_gives_its_samples_back(tmp_path: Path) -> None:
+    """On restart, the samples a trainer trained into a version recorded lost go back to its
+    queue (they train once, in the lineage that went on)."""
+    q = SampleQueue(tmp_path / "q.db")
+    for i in range(3):
+        q.put(bytes([i]), 4, [Group([1], [[2]], [1.0], 4)])
+    q.take(step=4, max_submissions=2, min_version=0)
+    q.settle(4)  # published v5 alone, then killed before anyone fetched it
+    assert q.reserved_steps() == [4] and q.pending() == 1
+    rounds = GroupRounds(FakeTrainer(FakeChild({"me": 5}, {5}), 5, {}, q))  # type: ignore[arg-type]
+    assert await rounds.give_back_lost() == 2 and q.pending() == 3
+    assert await rounds.give_back_lost() == 0
+
+
+async def _no_sleep(_seconds: float) -> None:
+    return None
