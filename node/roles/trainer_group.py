@@ -18,12 +18,12 @@ Decisions this module owns:
   its own (averaged, so equal up to float noise) copy; one that announced and died before
   anyone held the copy is replaced by a member's copy under the next number (``_republish``).
   Each round's members are recorded in the group's DHT before the announcement.
-- **Lost versions** (``catch_up``): a version whose weights cannot be fetched for
-  ``LOST_AFTER_S``, announced by a trainer that left the live set, was lost with it (it trained
-  alone and was killed before anyone fetched it). The others continue from the newest version
-  they can get, call it by the lost number locally (never announced again: one manifest per
-  version) and publish the next; the lost version is recorded so that its publisher, restarted,
-  releases the samples it trained into it, and they train once.
+- **Lost versions** (``catch_up``): a version of which no shard arrives for ``LOST_AFTER_S``
+  (tries cut at ``ADOPT_WAIT_S``), announced by a trainer that left the live set, was lost with
+  it (it trained alone and was killed before anyone fetched it). The others continue from the
+  newest version they can get, call it by the lost number locally (never announced again: one
+  manifest per version) and publish the next; the lost version is recorded so that its
+  publisher, restarted, releases the samples it trained into it, and they train once.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ TAKEOVER_AFTER_S = 60.0
 """A live publisher that announces nothing for this long is taken over anyway."""
 ADOPT_WAIT_S = 8.0
 """How long a member tries to fetch the publisher's copy before asking whether it is alive."""
-LOST_AFTER_S = 15.0
+LOST_AFTER_S = 10.0
 """How long a version announced by a trainer that left the group must stay unfetchable before
 the others call it lost and go on without it."""
 
@@ -107,10 +107,7 @@ class GroupRounds:
             await node.policy.wait_for(0)  # a running swarm answers the catch-up at once
         known = node.policy.version
         if known is not None and known >= t.version and known > 0:
-            try:
-                await t.adopt(known)
-            except SwarmError as exc:  # the loop tries again (or a peer republishes)
-                log.warning("policy v%d not fetched at start (%s)", known, exc)
+            await self.catch_up(known)  # the loop tries again (or a peer republishes)
         for step in t.queue.unsettled_steps():
             members = await self._sync(child.round_members, step)
             if members is not None and node.peer_id in members:
@@ -142,15 +139,24 @@ class GroupRounds:
 
     async def catch_up(self, known: int) -> None:
         """Continue from the swarm's newest version ``known`` (a round we were not in), or
-        without it when it was lost with its publisher."""
+        without it when it was lost with its publisher: nothing of it arrived for
+        ``LOST_AFTER_S`` (each try cut at ``ADOPT_WAIT_S``; a slow fetch that makes progress is
+        never called lost) and its publisher left the live set."""
         t = self.t
+        since = self._unfetched_since.setdefault(known, time.monotonic())
+        arrived: list[object] = []
+        why = f"nothing arrived within {ADOPT_WAIT_S:g} s"
         try:
-            await t.adopt(known)
-            self._unfetched_since.clear()
-            return
+            with trio.move_on_after(ADOPT_WAIT_S) as attempt:
+                await t.feed.fetch_version(known, on_progress=arrived.append)
+            if not attempt.cancelled_caught:
+                await t.adopt(known)  # the file is here: check its manifest, load it
+                self._unfetched_since.clear()
+                return
         except SwarmError as exc:
             why = str(exc)
-        since = self._unfetched_since.setdefault(known, time.monotonic())
+        if arrived:
+            self._unfetched_since[known] = since = time.monotonic()
         announced = t.node.policy.accepted.get(known)
         publisher = None if announced is None else announced.signer
         live = await self._sync(self.child.live)

@@ -89,9 +89,16 @@ class FakeTrainer:
         return self.child
 
     async def adopt(self, version: int, announced: Any = None) -> None:
+        await self.fetch_version(version)
+        self.version = version
+
+    async def fetch_version(self, version: int, on_progress: Any = None) -> None:
         if version in self.unfetchable:
             raise NetworkError(f"version {version}: every provider failed")
-        self.version = version
+
+    @property
+    def feed(self) -> FakeTrainer:
+        return self
 
 
 async def test_a_version_lost_with_its_publisher_is_gone_on_from(
