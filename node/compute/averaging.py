@@ -18,8 +18,12 @@ Decisions this module owns:
   are averaged weighted by sample count, so the group's step equals one trainer's step on the
   union of the samples. Every member gathers ``{peer, version, samples}``, so all members agree
   on who was in the round.
-- **Publisher** (``RoundResult.publisher``): the smallest swarm peer id among the round's
-  members. The publisher checks that every trainer that wanted this version is in its round; if
+- **Publisher** (``RoundResult.publisher``): the round's member whose child joined the group
+  first (``joined``, gathered with the round; ties and older members without it: the smallest
+  swarm peer id). A trainer that just joined or restarted holds fresh Adam moments, and its
+  own update differs from the group's (``bench/adam_moments.py``): it publishes only when no
+  longer-standing member is in the round, and otherwise takes the publisher's copy. The
+  publisher checks that every trainer that wanted this version is in its round; if
   not (two groups formed for one version), it stores a void record and nobody in the round
   publishes: their samples go back to the queue. Of two split groups, at most one sees no
   outsider, so at most one manifest is cut per version. A member whose round failed voids it
@@ -38,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import math
 import os
 import signal
 import threading
@@ -114,6 +119,7 @@ class TrainerGroup:
         )
         self.tensor_bytes = sum(p.numel() * 4 for p in params)
         self.version = 0
+        self.joined = get_dht_time()
         self.stats = GroupStats()
         self._connected: set[str] = set()
         self._started: dict[int, float] = {}
@@ -223,7 +229,12 @@ class TrainerGroup:
                 t.copy_(g)
         try:
             gathered = self.averager.step(
-                gather={"peer": self.peer, "version": version, "samples": samples},
+                gather={
+                    "peer": self.peer,
+                    "version": version,
+                    "samples": samples,
+                    "joined": self.joined,
+                },
                 weight=float(samples),
                 timeout=AVERAGING_TIMEOUT_S,
             )
@@ -249,7 +260,9 @@ class TrainerGroup:
             with self.averager.get_tensors() as tensors:
                 for t, g in zip(tensors, grads, strict=True):
                     g.copy_(t)
-        result = RoundResult(members, total, members[0], seconds=time.perf_counter() - started)
+        result = RoundResult(
+            members, total, publisher_of(infos), seconds=time.perf_counter() - started
+        )
         result.bytes_averaged = self.tensor_bytes * (len(members) > 1)
         if result.publisher == self.peer:
             outsiders = set(self.wanted(version)) - set(members)
@@ -278,6 +291,13 @@ class TrainerGroup:
             self.averager.shutdown()
         with contextlib.suppress(Exception):
             self.dht.shutdown()
+
+
+def publisher_of(infos: list[dict[str, Any]]) -> str:
+    """The member that joined the group first (then the smallest peer id): every member
+    computes the same from the gathered infos."""
+    first = min(infos, key=lambda i: (float(i.get("joined", math.inf)), str(i["peer"])))
+    return str(first["peer"])
 
 
 class _Connect:

@@ -12,12 +12,13 @@ Decisions this module owns:
 - **Share** (``step``): validators hand each submission to one trainer, so each takes
   ``ceil(submissions_per_step / live trainers)`` per round; an idle trainer joins a round a peer
   wants with weight 0.
-- **Publishing** (``_publish_round``): the round's publisher (smallest peer id among its members)
-  cuts and announces the version; the others load its copy through SHARDCAST. A publisher that
-  falls out of the live set before announcing is replaced by the next member, which publishes
-  its own (averaged, so equal up to float noise) copy; one that announced and died before
-  anyone held the copy is replaced by a member's copy under the next number (``_republish``).
-  Each round's members are recorded in the group's DHT before the announcement.
+- **Publishing** (``_publish_round``): the round's publisher (the member that joined the group
+  first, ``node.compute.averaging.publisher_of``) cuts and announces the version; the others
+  load its copy through SHARDCAST. A publisher that falls out of the live set before announcing
+  is replaced by the next member (smallest peer id), which publishes its own (averaged, so equal
+  up to float noise) copy; one that announced and died before anyone held the copy is replaced
+  by a member's copy under the next number (``_republish``). Each round's members are recorded
+  in the group's DHT before the announcement.
 - **Lost versions** (``catch_up``): a version of which no shard arrives for ``LOST_AFTER_S``
   (tries cut at ``ADOPT_WAIT_S``), announced by a trainer that left the live set, was lost with
   it (it trained alone and was killed before anyone fetched it). The others continue from the

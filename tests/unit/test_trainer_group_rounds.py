@@ -158,3 +158,18 @@ async def test_the_publisher_of_a_lost_version_gives_its_samples_back(tmp_path: 
 
 async def _no_sleep(_seconds: float) -> None:
     return None
+
+
+def test_the_publisher_is_the_member_that_joined_first() -> None:
+    """A restarted or new trainer (fresh Adam moments) does not publish while a member that was
+    there before it is in the round; every member computes the same from the gathered infos."""
+    from node.compute.averaging import publisher_of
+
+    infos = [
+        {"peer": "A", "joined": 50.0},  # restarted: smallest id, but joined last
+        {"peer": "B", "joined": 10.0},
+        {"peer": "C", "joined": 20.0},
+    ]
+    assert publisher_of(infos) == "B" == publisher_of(list(reversed(infos)))
+    assert publisher_of([{"peer": "B", "joined": 1.0}, {"peer": "A", "joined": 1.0}]) == "A"
+    assert publisher_of([{"peer": "B"}, {"peer": "C", "joined": 5.0}]) == "C"  # older software
