@@ -123,7 +123,11 @@ class _Training:
             torch.set_num_threads(int(args["threads"]))
         self.group: Any = None
         device = str(args.get("device") or "cpu")
-        model = load_causal_lm(Path(args["model_dir"]), dtype="float32", device=device)
+        nproc = int(args.get("nproc") or 1)
+        if nproc > 1:  # the ranks load it: only the shapes here (hivemind averages full tensors)
+            model = _shapes_only(Path(args["model_dir"]))
+        else:
+            model = load_causal_lm(Path(args["model_dir"]), dtype="float32", device=device)
         if args.get("group"):
             remove_stale_sockets()  # left by trainers killed before
             # Before any thread or other fork: hivemind forks its DHT and averager now.
@@ -133,12 +137,18 @@ class _Training:
             self.group = TrainerGroup(
                 g["peer"], g["run_id"], g["host"], list(model.parameters()), int(g["trainers"])
             )
-        self.grpo = GRPOTrainer(
-            model,
-            GRPOConfig(**args["config"]),
-            keep_versions=int(args["keep_versions"]),
-            pad_id=int(args["pad_id"]),
-        )
+        self.grpo: Any
+        if nproc > 1:
+            from node.compute.ranks import RankGroup
+
+            self.grpo = RankGroup(args, nproc)
+        else:
+            self.grpo = GRPOTrainer(
+                model,
+                GRPOConfig(**args["config"]),
+                keep_versions=int(args["keep_versions"]),
+                pad_id=int(args["pad_id"]),
+            )
         self.checkpoint = Path(args["checkpoint"])
         self.policies = Path(args["policies"])
         self.policies.mkdir(parents=True, exist_ok=True)
@@ -176,10 +186,8 @@ class _Training:
             self._settle()
             return None
         if op == "discard":
-            version = int(args["version"])
             undone = self.grpo.version
-            self.grpo.load_version(version, dict(self.grpo._snapshots[version]))
-            self.grpo.forget(undone)
+            self.grpo.undo(int(args["version"]))
             (self.policies / f"v{undone}.safetensors").unlink(missing_ok=True)
             self._settle()
             return None
@@ -232,6 +240,18 @@ class _Training:
     def close(self) -> None:
         if self.group is not None:
             self.group.shutdown()
+        if hasattr(self.grpo, "close"):  # the worker ranks of a sharded trainer
+            self.grpo.close()
+
+
+def _shapes_only(model_dir: Path) -> Any:
+    """The model built on torch's meta device: parameters with shapes and no storage."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+        return AutoModelForCausalLM.from_config(config)
 
 
 def _watch_parent(parent: int) -> None:

@@ -1,0 +1,204 @@
+"""Rank 0 of a trainer larger than one device: the training child's side of the FSDP2 group.
+
+:class:`RankGroup` stands where a :class:`~node.compute.grpo.GRPOTrainer` stands in
+``node.compute.train_child`` (same calls), for ``--nproc N`` > 1. Decisions this module owns:
+
+- **Start**: rank 0 opens the group's ``TCPStore`` on 127.0.0.1 at a port the kernel picks and
+  hands it to ranks 1..N-1 in their ``init`` frame (no port is guessed, so none is raced for).
+  The ranks are ``python -m node.compute.fsdp`` children of the training child, in its process
+  group.
+- **Calls**: each call is sent to every worker rank first (a msgpack frame on its stdin: its
+  share of the batch, never pickle), then run here, then every rank's reply is read; the ranks
+  meet in the collectives inside the call. Rank 0 splits the batch
+  (:func:`node.compute.fsdp.split`) and reports the step's statistics for the whole batch.
+- **Failure**: an averaging round that fails (``RoundFailed``) fails on every rank and changes
+  nothing; any other failure, or a rank that dies, stops the whole group (:class:`EngineError`,
+  and every later call says so): a group missing a rank cannot take another collective step.
+- **Death**: ``close`` ends the ranks' stdin, waits briefly, then kills them. The ranks also die
+  with the training child (``PR_SET_PDEATHSIG``, the child's process group, end of stdin), so a
+  kill -9 of the node leaves no rank behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from node.compute.child import _ROOT, read_frame, write_frame
+from node.compute.fsdp import PARENT_ENV, ShardedGRPOTrainer, build, has_signal, split
+from node.compute.groups import Group, RoundFailed, StepStats
+from node.compute.grpo import GradientAverager
+from swarm.errors import EngineError
+
+CLOSE_WAIT_S = 5.0
+
+
+class RankGroup:
+    """Ranks 0..N-1 of one trainer; this process is rank 0."""
+
+    def __init__(self, spec: dict[str, Any], nproc: int) -> None:
+        self.world = nproc
+        self.broken: str | None = None
+        store = dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        env[PARENT_ENV] = str(os.getpid())
+        self.ranks = [
+            subprocess.Popen(
+                [sys.executable, "-m", "node.compute.fsdp"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+            )
+            for _ in range(1, nproc)
+        ]
+        try:
+            for rank, proc in enumerate(self.ranks, start=1):
+                assert proc.stdin is not None
+                init = {"spec": spec, "rank": rank, "world": nproc, "port": store.port}
+                write_frame(proc.stdin, {"op": "init", "args": init})
+            self.local: ShardedGRPOTrainer = build(spec, 0, nproc, store)
+            self._replies("init")
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        """The worker ranks' process ids (tests check that none outlives the child)."""
+        return [p.pid for p in self.ranks]
+
+    @property
+    def version(self) -> int:
+        return self.local.version
+
+    # -- mirrored calls --------------------------------------------------------------------------
+
+    def _send(self, op: str, args: list[dict[str, Any]]) -> None:
+        if self.broken is not None:
+            raise EngineError(f"the trainer's rank group stopped ({self.broken}); restart the node")
+        try:
+            for proc, mine in zip(self.ranks, args, strict=True):
+                assert proc.stdin is not None
+                write_frame(proc.stdin, {"op": op, "args": mine})
+        except (BrokenPipeError, OSError) as exc:
+            raise self._stop(f"a rank is gone ({exc})") from exc
+
+    def _replies(self, op: str) -> list[Any]:
+        out = []
+        for rank, proc in enumerate(self.ranks, start=1):
+            assert proc.stdout is not None
+            try:
+                reply = read_frame(proc.stdout)
+            except EngineError as exc:
+                raise self._stop(f"rank {rank}: {exc}") from exc
+            if reply is None:
+                raise self._stop(f"rank {rank} exited during {op!r} (code {proc.poll()})")
+            if not reply.get("ok"):
+                raise self._stop(f"rank {rank} failed {op!r}: {reply.get('error')}")
+            out.append(reply.get("result"))
+        return out
+
+    def _stop(self, why: str) -> EngineError:
+        self.broken = why
+        self.close()
+        return EngineError(f"the trainer's rank group stopped: {why}")
+
+    def _mirror(self, op: str, args: dict[str, Any], local: Any) -> Any:
+        """Send ``op`` to every worker rank, run ``local()`` here, then read their replies."""
+        self._send(op, [args] * len(self.ranks))
+        return self._run(op, local)
+
+    def _run(self, op: str, local: Any) -> Any:
+        try:
+            result = local()
+        except RoundFailed:
+            self._replies(op)
+            raise
+        except Exception as exc:
+            raise self._stop(f"rank 0 failed {op!r}: {type(exc).__name__}: {exc}") from exc
+        self._replies(op)
+        return result
+
+    def step(self, groups: list[Group], average: GradientAverager | None = None) -> StepStats:
+        version = self.local.version
+        parts = split(groups, self.world, version)
+        kept = [g for g in groups if has_signal(g)]
+        samples = sum(len(g.completions) for g in kept)
+        replay = sorted({g.version for g in kept} - {version})
+        common = {"samples": samples, "replay": replay, "averaging": average is not None}
+        self._send("step", [{"groups": [g.to_wire() for g in p], **common} for p in parts[1:]])
+        stats, sums = self._run(
+            "step",
+            lambda: self.local.step_part(parts[0], samples, replay, average, average is not None),
+        )
+        loss, tokens, clipped, entropy = sums
+        rewards = [r for g in groups for r in g.rewards]
+        return StepStats(
+            version=stats.version,
+            sampled_by=max((g.version for g in groups), default=version),
+            mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
+            kept_groups=len(kept),
+            total_groups=len(groups),
+            samples=samples,
+            tokens=int(tokens),
+            loss=loss,
+            grad_norm=stats.grad_norm,
+            clip_fraction=clipped / max(tokens, 1.0),
+            entropy=entropy / max(tokens, 1.0),
+        )
+
+    def weights(self) -> dict[str, Any]:
+        return dict(self._mirror("weights", {}, self.local.weights))
+
+    def load_version(self, version: int, weights: dict[str, Any]) -> None:
+        names = set(self.local.model.state_dict())
+        if set(weights) != names:  # checked here, before any rank waits in a collective
+            missing, extra = sorted(names - set(weights)), sorted(set(weights) - names)
+            raise EngineError(f"weights of v{version} do not fit the model: {missing=} {extra=}")
+        self._mirror(
+            "load_version", {"version": version}, lambda: self.local.load_version(version, weights)
+        )
+
+    def undo(self, version: int) -> None:
+        self._mirror("undo", {"version": version}, lambda: self.local.undo(version))
+
+    def relabel(self, version: int) -> None:
+        self._mirror("relabel", {"version": version}, lambda: self.local.relabel(version))
+
+    def rollback(self, version: int) -> int:
+        return int(
+            self._mirror("rollback", {"version": version}, lambda: self.local.rollback(version))
+        )
+
+    def save_checkpoint(self, path: Path) -> None:
+        self._mirror(
+            "save_checkpoint", {"path": str(path)}, lambda: self.local.save_checkpoint(path)
+        )
+
+    def load_checkpoint(self, path: Path) -> None:
+        self._mirror(
+            "load_checkpoint", {"path": str(path)}, lambda: self.local.load_checkpoint(path)
+        )
+
+    def close(self) -> None:
+        """End the worker ranks (stdin first, then SIGKILL after ``CLOSE_WAIT_S``)."""
+        for proc in self.ranks:
+            with contextlib.suppress(OSError):
+                if proc.stdin is not None:
+                    proc.stdin.close()
+        for proc in self.ranks:
+            try:
+                proc.wait(timeout=CLOSE_WAIT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        with contextlib.suppress(Exception):
+            if dist.is_initialized():
+                dist.destroy_process_group()
