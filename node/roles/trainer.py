@@ -80,8 +80,10 @@ class Trainer:
         threads: int | None = None,
         suite: TaskSource | None = None,
         device: str = "cpu",
+        nproc: int = 1,
     ) -> None:
         self.node = node
+        self.nproc = nproc  # ranks of the training child (node.compute.fsdp)
         self.feed = feed
         self.run_dir = run_dir
         self.model_dir = model_dir
@@ -183,6 +185,7 @@ class Trainer:
                 "policies": str(self.run_dir / "policies"),
                 "threads": self.threads,
                 "group": group,
+                "nproc": self.nproc,
             },
             log_path=self.run_dir / "trainer-child.log",
         )
