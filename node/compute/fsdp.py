@@ -9,15 +9,16 @@ stdin. Decisions this module owns:
   root module, over a one-dimensional device mesh of all ranks; ``gloo`` on the CPU (how the
   tests run it), ``nccl`` on CUDA (rank r uses ``cuda:(first + r)``, one device per rank). The
   optimizer's state and the held versions' weights (``logp_old``) are sharded the same way:
-  each rank holds 1/N of them. The old-policy model is a second sharded copy (FSDP2 modules
-  cannot be deep-copied).
-- **Data**: rank 0 splits the groups that carry signal round-robin; a rank left without one
-  gets a group of two empty completions (no token counts, zero gradient) because every rank must
-  run each forward and backward pass: they are collectives. For the same reason every rank
-  replays the same list of older versions (``_versions_to_replay``). FSDP averages gradients
-  over ranks, so each rank normalises its loss by the kept samples of *all* ranks and scales it
-  by the world size: the group's update equals one process's update on the whole batch.
-  Per-token statistics (loss, tokens, clipping, entropy) are summed over ranks.
+  each rank holds 1/N of them. The old-policy model is a second sharded copy, deep-copied
+  before sharding (FSDP2 modules cannot be copied).
+- **Data**: rank 0 splits the groups that carry signal round-robin
+  (``node.compute.ranks.split``); a rank left without one gets a group of two empty
+  completions (no token counts, zero gradient), because every rank must run each forward and
+  backward pass: they are collectives. For the same reason every rank replays the same list of
+  older versions (``_versions_to_replay``). FSDP averages gradients over ranks, so each rank
+  normalises its loss by the kept samples of *all* ranks and scales it by the world size: the
+  group's update equals one process's update on the whole batch. Per-token statistics (loss,
+  tokens, clipping, entropy) are summed over ranks.
 - **Averaging between trainers** (hivemind, ``node.compute.averaging``): rank 0 gathers the
   *full* gradient (``DTensor.full_tensor``, one parameter at a time into host memory), averages
   it with the other trainers exactly as a one-process trainer would, and scatters the result
@@ -39,6 +40,7 @@ nccl is written but untested here (no multi-GPU machine).
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import logging
 import os
@@ -54,31 +56,15 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from node.compute.child import read_frame, write_frame
 from node.compute.groups import Group, RoundFailed, StepStats
-from node.compute.grpo import GRPOConfig, GradientAverager, GRPOTrainer
-from swarm.errors import ConfigError, EngineError
+from node.compute.grpo import GradientAverager, GRPOConfig, GRPOTrainer
+from node.compute.ranks import PARENT_ENV
+from swarm.errors import EngineError
 
 log = logging.getLogger(__name__)
 
-PARENT_ENV = "SWARM_RANK_PARENT"
-"""The training child's pid, given to each worker rank: it exits when that process is gone."""
 COLLECTIVE_TIMEOUT_S = 600.0
 """A rank that waits this long in a collective (or for the others to start) gives up. Ranks
 meet only inside a call from rank 0, and an averaging round ends within seconds."""
-
-
-def has_signal(group: Group) -> bool:
-    return len(group.rewards) > 1 and max(group.rewards) != min(group.rewards)
-
-
-def split(groups: list[Group], world: int, version: int) -> list[list[Group]]:
-    """Each rank's share of the groups with signal (round-robin); when some rank would get
-    none but others have some, it gets an empty group of this version, which trains nothing."""
-    kept = [g for g in groups if has_signal(g)]
-    parts = [kept[r::world] for r in range(world)]
-    if kept:
-        empty = Group(kept[0].prompt, [[], []], [0.0, 1.0], version)
-        parts = [p or [empty] for p in parts]
-    return parts
 
 
 def device_of(spec: dict[str, Any], rank: int) -> str:
@@ -132,13 +118,12 @@ def build(spec: dict[str, Any], rank: int, world: int, store: Any) -> ShardedGRP
         timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
     )
     mesh = init_device_mesh("cpu" if device == "cpu" else "cuda", (world,))
-    models = []
-    for _ in range(2):  # the policy and the old-policy copy for logp_old
-        model = load_causal_lm(Path(spec["model_dir"]), dtype="float32", device="cpu")
-        for layer in model.model.layers:
+    model = load_causal_lm(Path(spec["model_dir"]), dtype="float32", device="cpu")
+    models = [model, copy.deepcopy(model)]  # the policy, and the old policy for logp_old
+    for m in models:
+        for layer in m.model.layers:
             fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        models.append(model)
+        fully_shard(m, mesh=mesh)
     return ShardedGRPOTrainer(
         models[0],
         models[1],
@@ -149,8 +134,6 @@ def build(spec: dict[str, Any], rank: int, world: int, store: Any) -> ShardedGRP
         world=world,
         device=device,
     )
-
-
 
 
 class ShardedGRPOTrainer(GRPOTrainer):
@@ -362,9 +345,13 @@ def main() -> None:
             except Exception as exc:
                 write_frame(stdout, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
                 raise
-    finally:
+    except BaseException:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+        raise
+    # stdin ended: rank 0 is closing the group. Leave now (no destroy_process_group: that
+    # waits on rank 0, which is waiting for this rank to exit).
+    os._exit(0)
 
 
 if __name__ == "__main__":

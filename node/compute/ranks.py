@@ -3,10 +3,11 @@
 :class:`RankGroup` stands where a :class:`~node.compute.grpo.GRPOTrainer` stands in
 ``node.compute.train_child`` (same calls), for ``--nproc N`` > 1. Decisions this module owns:
 
-- **Start**: rank 0 opens the group's ``TCPStore`` on 127.0.0.1 at a port the kernel picks and
-  hands it to ranks 1..N-1 in their ``init`` frame (no port is guessed, so none is raced for).
-  The ranks are ``python -m node.compute.fsdp`` children of the training child, in its process
-  group.
+- **Start**: the ranks are started first thing (:func:`start_ranks`, before this process
+  imports torch, so both load it at once). Rank 0 then opens the group's ``TCPStore`` on
+  127.0.0.1 at a port the kernel picks and hands it to ranks 1..N-1 in their ``init`` frame (no
+  port is guessed, so none is raced for). The ranks are ``python -m node.compute.fsdp``
+  children of the training child, in its process group.
 - **Calls**: each call is sent to every worker rank first (a msgpack frame on its stdin: its
   share of the batch, never pickle), then run here, then every rank's reply is read; the ranks
   meet in the collectives inside the call. Rank 0 splits the batch
@@ -26,39 +27,66 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from node.compute.child import _ROOT, read_frame, write_frame
-from node.compute.fsdp import PARENT_ENV, ShardedGRPOTrainer, build, has_signal, split
 from node.compute.groups import Group, RoundFailed, StepStats
-from node.compute.grpo import GradientAverager
 from swarm.errors import EngineError
 
+if TYPE_CHECKING:
+    from node.compute.fsdp import ShardedGRPOTrainer
+    from node.compute.grpo import GradientAverager
+
 CLOSE_WAIT_S = 5.0
+PARENT_ENV = "SWARM_RANK_PARENT"
+"""The training child's pid, given to each worker rank: it exits when that process is gone."""
+
+
+def has_signal(group: Group) -> bool:
+    return len(group.rewards) > 1 and max(group.rewards) != min(group.rewards)
+
+
+def split(groups: list[Group], world: int, version: int) -> list[list[Group]]:
+    """Each rank's share of the groups with signal (round-robin); when some rank would get
+    none but others have some, it gets an empty group of this version, which trains nothing."""
+    kept = [g for g in groups if has_signal(g)]
+    parts = [kept[r::world] for r in range(world)]
+    if kept:
+        empty = Group(kept[0].prompt, [[], []], [0.0, 1.0], version)
+        parts = [p or [empty] for p in parts]
+    return parts
+
+
+def start_ranks(nproc: int) -> list[subprocess.Popen[bytes]]:
+    """Ranks 1..N-1, started first thing so that they load torch while this process does;
+    each waits for its ``init`` frame from :class:`RankGroup`."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env[PARENT_ENV] = str(os.getpid())
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "node.compute.fsdp"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        for _ in range(1, nproc)
+    ]
 
 
 class RankGroup:
-    """Ranks 0..N-1 of one trainer; this process is rank 0."""
+    """Ranks 0..N-1 of one trainer; this process is rank 0, ``ranks`` the others."""
 
-    def __init__(self, spec: dict[str, Any], nproc: int) -> None:
-        self.world = nproc
+    def __init__(self, spec: dict[str, Any], ranks: list[subprocess.Popen[bytes]]) -> None:
+        self.ranks = ranks
+        self.world = nproc = len(ranks) + 1
         self.broken: str | None = None
-        store = dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        env[PARENT_ENV] = str(os.getpid())
-        self.ranks = [
-            subprocess.Popen(
-                [sys.executable, "-m", "node.compute.fsdp"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env=env,
-            )
-            for _ in range(1, nproc)
-        ]
+        import torch.distributed as dist  # here: start_ranks runs before this process has torch
+
+        from node.compute.fsdp import build
+
         try:
+            store = dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False)
             for rank, proc in enumerate(self.ranks, start=1):
                 assert proc.stdin is not None
                 init = {"spec": spec, "rank": rank, "world": nproc, "port": store.port}
@@ -199,6 +227,9 @@ class RankGroup:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        with contextlib.suppress(Exception):
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        if "torch.distributed" in sys.modules:
+            import torch.distributed as dist
+
+            with contextlib.suppress(Exception):
+                if dist.is_initialized():
+                    dist.destroy_process_group()

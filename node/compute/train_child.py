@@ -114,6 +114,12 @@ class TrainerChild(FramedChild):
 
 class _Training:
     def __init__(self, args: dict[str, Any]) -> None:
+        nproc = int(args.get("nproc") or 1)
+        ranks: list[Any] = []
+        if nproc > 1:
+            from node.compute.ranks import start_ranks
+
+            ranks = start_ranks(nproc)
         import torch
 
         from node.compute.grpo import GRPOConfig, GRPOTrainer
@@ -123,7 +129,6 @@ class _Training:
             torch.set_num_threads(int(args["threads"]))
         self.group: Any = None
         device = str(args.get("device") or "cpu")
-        nproc = int(args.get("nproc") or 1)
         if nproc > 1:  # the ranks load it: only the shapes here (hivemind averages full tensors)
             model = _shapes_only(Path(args["model_dir"]))
         else:
@@ -141,7 +146,7 @@ class _Training:
         if nproc > 1:
             from node.compute.ranks import RankGroup
 
-            self.grpo = RankGroup(args, nproc)
+            self.grpo = RankGroup(args, ranks)
         else:
             self.grpo = GRPOTrainer(
                 model,

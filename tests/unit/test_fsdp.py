@@ -10,12 +10,13 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
-from node.compute.fsdp import split
 from node.compute.groups import Group
+from node.compute.grpo import GRPOConfig, GRPOTrainer
+from node.compute.ranks import split
 from node.compute.train_child import TrainerChild
-from node.model import DEFAULT_MODEL_DIR, model_info
+from node.model import DEFAULT_MODEL_DIR, load_causal_lm, model_info
 
 CONFIG = {"learning_rate": 1e-3, "max_tokens": 8, "max_grad_norm": 1.0}
 
@@ -103,7 +104,7 @@ def test_two_ranks_make_the_updates_of_one_process(tmp_path: Path) -> None:
     assert not alive, alive
 
     # The checkpoint has the one-process layout: the two-rank trainer restarts from it (each
-    # rank keeps its slice) and a one-process trainer could too; both step on alike.
+    # rank keeps its slice) and steps on as a one-process trainer does from its own.
     for name in ("one", "two"):
         saved = torch.load(tmp_path / name / "trainer.ckpt", weights_only=True)
         assert saved["version"] == 2 and sorted(saved["snapshots"]) == [0, 1, 2]
@@ -113,11 +114,20 @@ def test_two_ranks_make_the_updates_of_one_process(tmp_path: Path) -> None:
         for k, v in state.items():
             torch.testing.assert_close(ckpt_two["optimizer"]["state"][i][k], v, atol=1e-5, rtol=0)
     again = TrainerChild(spec(tmp_path / "two", 2))
-    one = TrainerChild(spec(tmp_path / "one", 1))
+    reference = GRPOTrainer(
+        load_causal_lm(DEFAULT_MODEL_DIR, dtype="float32"),
+        GRPOConfig(**CONFIG),
+        keep_versions=3,
+        pad_id=model_info(DEFAULT_MODEL_DIR).pad_id,
+    )
+    reference.load_checkpoint(tmp_path / "one/trainer.ckpt")
     try:
         assert again.version == 2
         third = batch(2, seed=9)
-        assert_same_weights(again.step(third, 2)["weights"], one.step(third, 2)["weights"])
+        reference.step(third)
+        save_file(reference.weights(), str(tmp_path / "reference.safetensors"))
+        assert_same_weights(
+            again.step(third, 2)["weights"], str(tmp_path / "reference.safetensors")
+        )
     finally:
         again.close()
-        one.close()
