@@ -250,13 +250,14 @@ class _Training:
 
 
 def _shapes_only(model_dir: Path) -> Any:
-    """The model built on torch's meta device: parameters with shapes and no storage."""
+    """The model built on torch's meta device in float32 (what the ranks train in):
+    parameters with shapes and no storage."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
         config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
-        return AutoModelForCausalLM.from_config(config)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
 def _watch_parent(parent: int) -> None:

@@ -4,6 +4,7 @@ files, and leaves no rank process behind."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +132,47 @@ def test_two_ranks_make_the_updates_of_one_process(tmp_path: Path) -> None:
         )
     finally:
         again.close()
+
+
+@pytest.mark.slow
+def test_a_two_rank_trainer_averages_with_a_one_process_trainer(tmp_path: Path) -> None:
+    """Through hivemind: rank 0 averages the full gradient, so trainers with different
+    ``nproc`` make together the update of one process on the union of their samples."""
+    reference = GRPOTrainer(
+        load_causal_lm(DEFAULT_MODEL_DIR, dtype="float32"),
+        GRPOConfig(**CONFIG),
+        pad_id=model_info(DEFAULT_MODEL_DIR).pad_id,
+    )
+    reference.step(batch())
+    save_file(reference.weights(), str(tmp_path / "reference.safetensors"))
+
+    def member(peer: str, nproc: int) -> TrainerChild:
+        group = {"peer": peer, "run_id": "nproc", "host": "127.0.0.1", "trainers": 2}
+        return TrainerChild(spec(tmp_path / peer, nproc) | {"group": group})
+
+    a, b = member("A", 2), member("B", 1)
+    try:
+        b.connect(a.hivemind_addrs)
+        groups = batch()
+        halves = {"A": (a, groups[:3]), "B": (b, groups[3:])}
+        out: dict[str, dict[str, Any]] = {}
+
+        def step(name: str) -> None:
+            child, mine = halves[name]
+            out[name] = child.step(mine, 0)
+
+        threads = [threading.Thread(target=step, args=(n,)) for n in halves]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert "round" in out["A"], out
+        assert out["A"]["round"]["members"] == ["A", "B"] == out["B"]["round"]["members"]
+        assert out["A"]["round"]["group_samples"] == 20
+        for name in halves:  # the tolerance of the two-trainer test (Adam's ~0 gradients)
+            got = load_file(out[name]["weights"])
+            for k, v in load_file(str(tmp_path / "reference.safetensors")).items():
+                torch.testing.assert_close(got[k], v, atol=1e-4, rtol=1e-5)
+    finally:
+        a.close()
+        b.close()
