@@ -79,6 +79,8 @@ def _gather(obj: Any) -> Any:
     """Full CPU copies of every tensor in ``obj`` (a collective: every rank walks the same
     structure in the same order). Plain tensors and other values are copied as they are."""
     if isinstance(obj, DTensor):
+        if obj.device.type != obj.device_mesh.device_type:  # a held version kept on the CPU
+            obj = obj.to(obj.device_mesh.device_type)
         return obj.full_tensor().detach().to("cpu").contiguous()
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=True)
@@ -215,6 +217,7 @@ class ShardedGRPOTrainer(GRPOTrainer):
             raise RoundFailed("the averaging round failed on rank 0")
         with torch.no_grad():
             for i, g in enumerate(grads):
+                assert isinstance(g, DTensor)  # every parameter is sharded (fully_shard)
                 if self.rank == 0:
                     src = fulls[i].to(self.device)
                 else:
@@ -229,7 +232,7 @@ class ShardedGRPOTrainer(GRPOTrainer):
 
     def load_version(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         """``weights``: the full state on rank 0 (ignored elsewhere), scattered to every rank."""
-        sharded = {}
+        sharded: dict[str, torch.Tensor] = {}
         for name, like in self.model.state_dict().items():
             if self.rank == 0:
                 src = weights[name].to(device=self.device, dtype=like.dtype)
@@ -332,7 +335,9 @@ def main() -> None:
     if init is None or init.get("op") != "init":
         raise SystemExit("a trainer rank must be started by its training child")
     args = init["args"]
-    store = dist.TCPStore("127.0.0.1", int(args["port"]), int(args["world"]), is_master=False)
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", int(args["port"]), int(args["world"]), is_master=False
+    )
     trainer = build(args["spec"], int(args["rank"]), int(args["world"]), store)
     write_frame(stdout, {"ok": True, "result": None})
     try:

@@ -246,7 +246,7 @@ class GRPOTrainer:
     ) -> torch.Tensor:
         """``logp_old`` of every row: the current policy's own (detached) for samples it made,
         one forward pass per older version for the others."""
-        old = logp.detach().clone()
+        old: torch.Tensor = logp.detach().clone()
         rows_of: dict[int, list[int]] = {}
         row = 0
         for g in kept:

@@ -86,7 +86,9 @@ class RankGroup:
         from node.compute.fsdp import build
 
         try:
-            store = dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False)
+            store = dist.TCPStore(  # type: ignore[attr-defined]
+                "127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False
+            )
             for rank, proc in enumerate(self.ranks, start=1):
                 assert proc.stdin is not None
                 init = {"spec": spec, "rank": rank, "world": nproc, "port": store.port}

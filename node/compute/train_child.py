@@ -4,9 +4,11 @@ and (several trainers) hivemind; the node process keeps the queue, networking an
 Run as ``python -m node.compute.train_child``; frames as in ``node.compute.child`` (msgpack, no
 pickle). Parent side: :class:`TrainerChild`. Requests:
 
-- ``init`` {model_dir, device, config, keep_versions, pad_id, checkpoint, policies, threads, group}
-  -> {version, hivemind_addrs}. ``group`` (several genesis trainers) starts hivemind
+- ``init`` {model_dir, device, config, keep_versions, pad_id, checkpoint, policies, threads, group,
+  nproc} -> {version, hivemind_addrs}. ``group`` (several genesis trainers) starts hivemind
   (``node.compute.averaging``) and is ``None`` for a lone trainer, which never loads hivemind.
+  ``nproc`` > 1 (``join --nproc``): this child is rank 0 of an FSDP2 group and starts the other
+  ranks (``node.compute.ranks``, ``node.compute.fsdp``); every request below runs on all ranks.
 - ``step`` {groups, version} -> {stats, round, weights}: one GRPO step from ``version`` (which
   must be the child's), gradient averaged with the live trainers when in a group; writes the
   new version's safetensors (``policies/v<N>.safetensors``) and the checkpoint.
@@ -257,7 +259,9 @@ def _shapes_only(model_dir: Path) -> Any:
 
     with torch.device("meta"):
         config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            config, dtype=torch.float32
+        )
 
 
 def _watch_parent(parent: int) -> None:
