@@ -10,7 +10,7 @@ stdin. Decisions this module owns:
   tests run it), ``nccl`` on CUDA (rank r uses ``cuda:(first + r)``, one device per rank). The
   optimizer's state and the held versions' weights (``logp_old``) are sharded the same way:
   each rank holds 1/N of them. The old-policy model is a second sharded copy, deep-copied
-  before sharding (FSDP2 modules cannot be copied).
+  before sharding (FSDP2 refuses to copy a sharded module).
 - **Data**: rank 0 splits the groups that carry signal round-robin
   (``node.compute.ranks.split``); a rank left without one gets a group of two empty
   completions (no token counts, zero gradient), because every rank must run each forward and
@@ -32,9 +32,10 @@ stdin. Decisions this module owns:
   restarts); every rank reads a checkpoint itself (memory-mapped) and keeps its slice. Weights
   adopted from another trainer (``load_version``) are scattered from rank 0.
 
-Limits: the ranks run on one host. Each rank loads the full model on the CPU before sharding
-(host memory: N copies during start-up); ``fully_shard`` then moves 1/N of it to its device.
-nccl is written but untested here (no multi-GPU machine).
+Limits: the ranks run on one host. Each rank loads the full model on the CPU, twice (the policy
+and the old-policy copy), before sharding: host memory for 2N copies during start-up;
+``fully_shard`` then moves 1/N of each to the rank's device. nccl is written but has not run
+(no multi-GPU machine here).
 """
 
 from __future__ import annotations
@@ -59,8 +60,6 @@ from node.compute.groups import Group, RoundFailed, StepStats
 from node.compute.grpo import GradientAverager, GRPOConfig, GRPOTrainer
 from node.compute.ranks import PARENT_ENV
 from swarm.errors import EngineError
-
-log = logging.getLogger(__name__)
 
 COLLECTIVE_TIMEOUT_S = 600.0
 """A rank that waits this long in a collective (or for the others to start) gives up. Ranks
@@ -335,6 +334,7 @@ def main() -> None:
     if init is None or init.get("op") != "init":
         raise SystemExit("a trainer rank must be started by its training child")
     args = init["args"]
+    write_frame(stdout, {"ok": True, "result": "joining"})  # torch loaded: about to meet rank 0
     store = dist.TCPStore(  # type: ignore[attr-defined]
         "127.0.0.1", int(args["port"]), int(args["world"]), is_master=False
     )

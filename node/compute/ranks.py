@@ -26,6 +26,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from node.compute.grpo import GradientAverager
 
 CLOSE_WAIT_S = 5.0
+DEATH_WAIT_S = 1.0
 PARENT_ENV = "SWARM_RANK_PARENT"
 """The training child's pid, given to each worker rank: it exits when that process is gone."""
 
@@ -89,10 +91,14 @@ class RankGroup:
             store = dist.TCPStore(  # type: ignore[attr-defined]
                 "127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False
             )
-            for rank, proc in enumerate(self.ranks, start=1):
-                assert proc.stdin is not None
-                init = {"spec": spec, "rank": rank, "world": nproc, "port": store.port}
-                write_frame(proc.stdin, {"op": "init", "args": init})
+            port = store.port
+            self._send(
+                "init",
+                [{"spec": spec, "rank": r, "world": nproc, "port": port} for r in range(1, nproc)],
+            )
+            # Every rank answers before it joins the group: one that failed to start is named
+            # here, instead of rank 0 waiting for it in the rendezvous.
+            self._replies("start")
             self.local: ShardedGRPOTrainer = build(spec, 0, nproc, store)
             self._replies("init")
         except BaseException:
@@ -135,8 +141,16 @@ class RankGroup:
             out.append(reply.get("result"))
         return out
 
+    def _dead(self) -> list[str]:
+        return [f"rank {r} exited ({p.poll()})" for r, p in enumerate(self.ranks, 1) if p.poll()]
+
     def _stop(self, why: str) -> EngineError:
-        self.broken = why
+        """Stop the group; the error names the ranks that died (a dying rank's sockets close a
+        moment before it can be reaped, so wait that moment), else ``why``."""
+        deadline = time.monotonic() + DEATH_WAIT_S
+        while not (dead := self._dead()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.broken = why = "; ".join(dead) or why.splitlines()[0]
         self.close()
         return EngineError(f"the trainer's rank group stopped: {why}")
 

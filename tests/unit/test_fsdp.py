@@ -1,9 +1,12 @@
 """A trainer larger than one device: the training child with ``nproc=2`` (FSDP2 on two gloo
 ranks) makes the same updates as the one-process child on the same batches, writes the same
-files, and leaves no rank process behind."""
+files, averages with other trainers, stops whole when a rank dies, and leaves no rank process
+behind."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ from node.compute.grpo import GRPOConfig, GRPOTrainer
 from node.compute.ranks import split
 from node.compute.train_child import TrainerChild
 from node.model import DEFAULT_MODEL_DIR, load_causal_lm, model_info
+from swarm.errors import EngineError
 
 CONFIG = {"learning_rate": 1e-3, "max_tokens": 8, "max_grad_norm": 1.0}
 
@@ -98,6 +102,11 @@ def test_two_ranks_make_the_updates_of_one_process(tmp_path: Path) -> None:
             str(tmp_path / "two/policies/v2.safetensors"),
             str(tmp_path / "one/policies/v2.safetensors"),
         )
+        # A rank that dies stops the group at once, and says which; nothing is trained.
+        ranks[0].kill()
+        for _ in range(2):
+            with pytest.raises(EngineError, match=r"rank group stopped\W+rank 1 exited \(-9\)"):
+                two.step(batch(2, seed=9), 2)
     finally:
         one.close()
         two.close()
@@ -176,3 +185,16 @@ def test_a_two_rank_trainer_averages_with_a_one_process_trainer(tmp_path: Path) 
     finally:
         a.close()
         b.close()
+
+
+def test_a_rank_that_fails_to_start_is_named_at_once() -> None:
+    from node.compute.ranks import RankGroup
+
+    broken = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.buffer.read(4); sys.exit(3)"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    with pytest.raises(EngineError, match=r"rank group stopped: rank 1 exited \(3\)"):
+        RankGroup(spec(Path("/nonexistent"), 2), [broken])
+    assert broken.poll() == 3
