@@ -106,11 +106,6 @@ class RankGroup:
             raise
 
     @property
-    def pids(self) -> list[int]:
-        """The worker ranks' process ids (tests check that none outlives the child)."""
-        return [p.pid for p in self.ranks]
-
-    @property
     def version(self) -> int:
         return self.local.version
 
@@ -142,7 +137,8 @@ class RankGroup:
         return out
 
     def _dead(self) -> list[str]:
-        return [f"rank {r} exited ({p.poll()})" for r, p in enumerate(self.ranks, 1) if p.poll()]
+        codes = [(r, p.poll()) for r, p in enumerate(self.ranks, 1)]
+        return [f"rank {r} exited ({code})" for r, code in codes if code is not None]
 
     def _stop(self, why: str) -> EngineError:
         """Stop the group; the error names the ranks that died (a dying rank's sockets close a
