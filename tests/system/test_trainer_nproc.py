@@ -1,9 +1,11 @@
 """A trainer joined with ``--nproc 2`` (two gloo ranks) in a real swarm of processes: it
-publishes versions that the workers generate with and the validator accepts, and a kill -9 of
-the trainer node leaves neither its training child nor its second rank behind."""
+publishes versions that the workers generate with and the validator accepts; a kill -9 of the
+trainer node leaves neither its training child nor its second rank behind; restarted, it
+trains on from its checkpoint, and Ctrl-C stops it whole."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -71,8 +73,27 @@ async def test_a_two_rank_trainer_publishes_accepted_versions_and_dies_whole(
         children, ranks = compute_of(node.pid)
         assert len(children) == 1 and len(ranks) == 1
         assert ranks[0].ppid() == children[0].pid
+        before = swarm.version()
         swarm.kill("trainer")
         _, alive = psutil.wait_procs([*children, *ranks], timeout=15)
         assert not alive, f"left behind after kill -9 of the node: {alive}"
+
+        # Restarted, it resumes from its checkpoint on two ranks and trains on; Ctrl-C (SIGINT)
+        # then stops the node with its child and ranks.
+        swarm.respawn("trainer")
+        node = swarm.proc("trainer").popen
+        assert node is not None
+        pid = node.pid
+
+        def two_ranks_up() -> tuple[list[psutil.Process], list[psutil.Process]] | None:
+            with contextlib.suppress(psutil.Error):
+                children, ranks = compute_of(pid)
+                return (children, ranks) if len(children) == 1 and len(ranks) == 1 else None
+            return None
+
+        children, ranks = await wait_until(two_ranks_up, 120, poll=0.5)
+        await wait_until(lambda: version_at_least(before + 1), 180, poll=0.5)
     finally:
         swarm.stop()
+    _, alive = psutil.wait_procs([*children, *ranks], timeout=15)
+    assert not alive, f"left behind after Ctrl-C of the node: {alive}"
