@@ -18,7 +18,7 @@ from bootstrap.peers import EMPTY_LIST_HELP, default_peers
 from bootstrap.service import BootstrapConfig, BootstrapPeer
 from cli.common import HomeOption, console, err_console, open_home
 from node import admin
-from node.compute.devices import choose
+from node.compute.devices import check_nproc, choose
 from node.model.loading import check_model_dir
 from node.model.text import chat_template_wanted
 from node.roles.cheats import cheat_by_name, rogue_by_name
@@ -222,6 +222,14 @@ def join(
             "--dtype", help="float32 or bfloat16 (default: bfloat16 on CUDA, else float32)."
         ),
     ] = None,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            "--nproc",
+            help="Trainer: shard the model over N processes, one per device (FSDP2; gloo on"
+            " the CPU, nccl on cuda:K..cuda:K+N-1). Default 1.",
+        ),
+    ] = None,
     cheat: Annotated[
         str | None,
         typer.Option(
@@ -241,6 +249,7 @@ def join(
         raise ConfigError(str(exc)) from exc
     if node_role == "bootstrap":
         raise ConfigError("use `swarm-node bootstrap` to run a bootstrap peer")
+    ranks = check_nproc(nproc, node_role)
     genesis = load_genesis(run)
     node_home = open_home(home)
     settings = node_home.load_config()
@@ -266,7 +275,7 @@ def join(
     tamper = cheat_by_name(cheat) if cheat is not None and node_role != "validator" else None
     # A local model or data set that differs from the genesis: exit 2 before any network use.
     check_local(genesis.message, node_role, AssetDirs.under(node_home.path), model, tasks)
-    compute = choose(engine, device, dtype)  # no vllm, no CUDA, no such GPU: exit 2 here
+    compute = choose(engine, device, dtype, nproc=ranks)  # no vllm, no such GPU(s): exit 2
     if model is not None:  # tokenizer that does not fit, chat template missing: exit 2 here
         check_model_dir(model, chat_template=chat_template_wanted(genesis.message))
 

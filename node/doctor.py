@@ -188,7 +188,17 @@ def check_accelerator(acc: Accelerators | None = None) -> list[Check]:
         f"{choice.kind} on {choice.device} in {choice.dtype}",
         "; ".join(choice.reasons) + " (override with join --engine/--device/--dtype)",
     )
-    return [found, picked]
+    if acc.cuda:
+        where = f"up to {acc.cuda} here, one CUDA GPU per rank (nccl)"
+    else:
+        where = f"gloo ranks on the CPU ({os.cpu_count()} cores)"
+    ranks = Check(
+        "trainer ranks",
+        "ok",
+        f"join --role trainer --nproc N shards the model over N devices (FSDP2): {where}",
+        "for a model that does not fit one device; see docs/core-team.md",
+    )
+    return [found, picked, ranks]
 
 
 def _local_ips() -> set[str]:

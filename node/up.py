@@ -90,6 +90,8 @@ class UpConfig:
     """Where the bootstrap peer serves the dashboard (None: no dashboard)."""
     trainers: int = 1
     """Trainer processes (named trainer, trainer-2, ...); more than one average through hivemind."""
+    trainer_args: tuple[str, ...] = ()
+    """Extra ``join`` arguments for the trainers (e.g. ``--nproc 2``)."""
 
 
 def _gains(rewards: list[float], window: int = 5) -> dict[str, float | None]:
@@ -185,6 +187,8 @@ class LocalSwarm:
             args += ["--bootstrap", address]
             if proc.name == "cheater":
                 args += ["--cheat", self.config.cheat]
+            if proc.role == "trainer":
+                args += self.config.trainer_args
             self._spawn(proc, args)
 
     async def _bootstrap_address(self, boot: Proc, timeout: float = 60.0) -> str:

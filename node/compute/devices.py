@@ -10,6 +10,10 @@ Decisions this module owns:
   work: an unknown engine or dtype, ``--engine vllm`` without vllm installed or without a CUDA
   GPU, a ``--device`` that is not ``cpu``/``cuda``/``cuda:N`` or names a GPU this machine does
   not have.
+- ``--nproc N`` (trainers only, ``node.compute.fsdp``): N processes train one model sharded
+  over N devices, ``cuda:k..cuda:k+N-1`` from the chosen ``cuda:k`` (one per rank, nccl), or N
+  gloo ranks on the CPU. Fewer GPUs than that, N < 1, or ``--nproc`` for another role: a
+  one-line :class:`ConfigError` (:func:`check_nproc`, :func:`choose`).
 - The main process never imports torch (contract 1): :func:`probe` asks a short-lived
   ``python -m node.compute.devices`` child what torch sees, and skips even that when the
   machine has no NVIDIA device node or ``nvidia-smi`` (then there is no CUDA to find). vllm is
@@ -53,6 +57,8 @@ class EngineChoice:
     device: str = "cpu"
     dtype: str = "float32"
     reasons: tuple[str, ...] = field(default=(), compare=False)
+    nproc: int = 1
+    """Trainer processes (one per device) sharing the model (FSDP2)."""
 
 
 def _maybe_cuda() -> bool:
@@ -96,13 +102,43 @@ def _parse_device(device: str, acc: Accelerators) -> str:
     return f"cuda:{n}"
 
 
+def check_nproc(nproc: int | None, role: str) -> int:
+    """``--nproc`` without the machine: at least 1, and for trainers only (None: 1)."""
+    if nproc is None:
+        return 1
+    if nproc < 1:
+        raise ConfigError(
+            f"--nproc {nproc} is not a number of processes; give 1 or more (one per device)"
+        )
+    if role != "trainer" and nproc != 1:
+        raise ConfigError(
+            f"--nproc shards a trainer over devices; {'an' if role[0] in 'aeiou' else 'a'}"
+            f" {role} node uses one device: drop --nproc"
+        )
+    return nproc
+
+
+def _check_ranks(nproc: int, device: str, acc: Accelerators) -> str:
+    if not device.startswith("cuda"):
+        return f"nproc {nproc}: FSDP2 over {nproc} gloo ranks on the CPU"
+    first = int(device.partition(":")[2] or 0)
+    if first + nproc > acc.cuda:
+        raise ConfigError(
+            f"--nproc {nproc} on {device} needs {nproc} CUDA GPUs from {device} on (one per"
+            f" rank) and this machine has {acc.cuda}; lower --nproc or pick another --device"
+        )
+    return f"nproc {nproc}: FSDP2 over cuda:{first}..cuda:{first + nproc - 1} (nccl)"
+
+
 def choose(
     engine: str | None = None,
     device: str | None = None,
     dtype: str | None = None,
     acc: Accelerators | None = None,
+    nproc: int = 1,
 ) -> EngineChoice:
-    """Check and complete ``--engine --device --dtype`` (None: the default, with its reason)."""
+    """Check and complete ``--engine --device --dtype --nproc`` (None: the default, with its
+    reason; ``nproc`` was checked by :func:`check_nproc`)."""
     if engine is not None and engine not in ENGINES:
         raise ConfigError(f"--engine {engine!r} is unknown; use torch or vllm")
     if dtype is not None and dtype not in DTYPES:
@@ -147,7 +183,9 @@ def choose(
         reasons.append(f"dtype {dtype}: {why}")
     else:
         reasons.append(f"dtype {dtype}: as asked")
-    return EngineChoice(kind, device, dtype, tuple(reasons))
+    if nproc > 1:
+        reasons.append(_check_ranks(nproc, device, acc))
+    return EngineChoice(kind, device, dtype, tuple(reasons), nproc)
 
 
 def _main() -> None:

@@ -193,15 +193,7 @@ class GRPOTrainer:
                 [a for g in kept for a in group_advantages(g.rewards)], device=ids.device
             ).unsqueeze(-1)
             logp, entropy = self._logprobs(self.model, ids, attention)
-            old = torch.empty_like(logp)
-            row = 0
-            for g in kept:
-                rows = slice(row, row + len(g.completions))
-                if g.version == self.version:
-                    old[rows] = logp[rows].detach()
-                else:
-                    old[rows] = self._old_logprobs(g.version, ids[rows], attention[rows])
-                row += len(g.completions)
+            old = self._old_logprobs_of(kept, ids, attention, logp)
             ratio = torch.exp(logp - old)
             surrogate = torch.minimum(
                 torch.clamp(ratio, max=cfg.clip_delta) * advantages,
@@ -243,6 +235,31 @@ class GRPOTrainer:
             entropy=stats["entropy"],
         )
 
+    def _versions_to_replay(self, versions: set[int]) -> list[int]:
+        """The older versions whose weights recompute ``logp_old`` in this step, in order.
+        Data-parallel ranks (``node.compute.fsdp``) answer the same list on every rank: each
+        version's forward pass is a collective there."""
+        return sorted(versions - {self.version})
+
+    def _old_logprobs_of(
+        self, kept: Sequence[Group], ids: Any, attention: Any, logp: Any
+    ) -> torch.Tensor:
+        """``logp_old`` of every row: the current policy's own (detached) for samples it made,
+        one forward pass per older version for the others."""
+        old: torch.Tensor = logp.detach().clone()
+        rows_of: dict[int, list[int]] = {}
+        row = 0
+        for g in kept:
+            rows_of.setdefault(g.version, []).extend(range(row, row + len(g.completions)))
+            row += len(g.completions)
+        for version in self._versions_to_replay(set(rows_of)):
+            # A rank with no sample of this version still runs the pass (on row 0, dropped).
+            rows = rows_of.get(version) or [0]
+            got = self._old_logprobs(version, ids[rows], attention[rows])
+            if version in rows_of:
+                old[rows] = got
+        return old
+
     def _grads(self) -> list[torch.Tensor]:
         """Every parameter's gradient tensor (allocated as zeros where backward left none)."""
         out = []
@@ -255,6 +272,16 @@ class GRPOTrainer:
     def load_version(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         """Continue from another trainer's copy of ``version`` (the canonical, published one);
         the optimizer's state is kept (it saw the same averaged gradients)."""
+        self._restore(version, weights)
+
+    def undo(self, version: int) -> None:
+        """Back to the held weights of ``version``, forgetting the current (newer) version: a
+        step whose averaging round was void."""
+        undone = self.version
+        self._restore(version, dict(self._snapshots[version]))
+        self.forget(undone)
+
+    def _restore(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(weights)
         self.version = version
         self._snapshots[version] = self._cpu_state()
@@ -292,13 +319,19 @@ class GRPOTrainer:
 
     def save_checkpoint(self, path: Path) -> None:
         """Model, optimizer and version, written atomically (tmp file + rename)."""
+        self._save(
+            path,
+            {
+                "version": self.version,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "snapshots": self._snapshots,
+            },
+        )
+
+    @staticmethod
+    def _save(path: Path, state: dict[str, Any]) -> None:
         tmp = path.with_name(path.name + ".tmp")
-        state = {
-            "version": self.version,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "snapshots": self._snapshots,
-        }
         try:
             torch.save(state, tmp)
             tmp.replace(path)
@@ -306,14 +339,21 @@ class GRPOTrainer:
             raise StorageError(f"cannot write trainer checkpoint {path}: {exc.strerror}") from exc
 
     def load_checkpoint(self, path: Path) -> None:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except (OSError, RuntimeError, ValueError) as exc:
-            raise StorageError(f"cannot read trainer checkpoint {path}: {exc}") from exc
+        state = self._read(path)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self._snapshots = dict(state["snapshots"])
+
+    @staticmethod
+    def _read(path: Path, *, mmap: bool = False) -> dict[str, Any]:
+        try:
+            state: dict[str, Any] = torch.load(
+                path, map_location="cpu", weights_only=True, mmap=mmap
+            )
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise StorageError(f"cannot read trainer checkpoint {path}: {exc}") from exc
+        return state
 
 
 __all__ = ["CollapseGuard", "GRPOConfig", "GRPOTrainer", "Group", "StepStats", "group_advantages"]

@@ -5,8 +5,10 @@ Run as ``python -m node.compute.train_child``; frames as in ``node.compute.child
 pickle). Parent side: :class:`TrainerChild`. Requests:
 
 - ``init`` {model_dir, device, config, keep_versions, pad_id, checkpoint, policies, threads, group,
-  chat_template} -> {version, hivemind_addrs}. ``group`` (several genesis trainers) starts hivemind
-  (``node.compute.averaging``) and is ``None`` for a lone trainer, which never loads hivemind.
+  chat_template, nproc} -> {version, hivemind_addrs}. ``group`` (several genesis trainers)
+  starts hivemind (``node.compute.averaging``) and is ``None`` for a lone trainer, which never loads hivemind.
+  ``nproc`` > 1 (``join --nproc``): this child is rank 0 of an FSDP2 group and starts the other
+  ranks (``node.compute.ranks``, ``node.compute.fsdp``); every request below runs on all ranks.
 - ``step`` {groups, version} -> {stats, round, weights}: one GRPO step from ``version`` (which
   must be the child's), gradient averaged with the live trainers when in a group; writes the
   new version's safetensors (``policies/v<N>.safetensors``) and the checkpoint. Groups that
@@ -140,6 +142,12 @@ def tokenize_prompts(groups: list[Group], text: Any) -> list[Group]:
 
 class _Training:
     def __init__(self, args: dict[str, Any]) -> None:
+        nproc = int(args.get("nproc") or 1)
+        ranks: list[Any] = []
+        if nproc > 1:
+            from node.compute.ranks import start_ranks
+
+            ranks = start_ranks(nproc)
         import torch
 
         from node.compute.grpo import GRPOConfig, GRPOTrainer
@@ -150,7 +158,10 @@ class _Training:
             torch.set_num_threads(int(args["threads"]))
         self.group: Any = None
         device = str(args.get("device") or "cpu")
-        model = load_causal_lm(Path(args["model_dir"]), dtype="float32", device=device)
+        if nproc > 1:  # the ranks load it: only the shapes here (hivemind averages full tensors)
+            model = _shapes_only(Path(args["model_dir"]))
+        else:
+            model = load_causal_lm(Path(args["model_dir"]), dtype="float32", device=device)
         self.text = ModelText(args["model_dir"], chat_template=bool(args.get("chat_template")))
         if args.get("group"):
             remove_stale_sockets()  # left by trainers killed before
@@ -161,12 +172,18 @@ class _Training:
             self.group = TrainerGroup(
                 g["peer"], g["run_id"], g["host"], list(model.parameters()), int(g["trainers"])
             )
-        self.grpo = GRPOTrainer(
-            model,
-            GRPOConfig(**args["config"]),
-            keep_versions=int(args["keep_versions"]),
-            pad_id=int(args["pad_id"]),
-        )
+        self.grpo: Any
+        if nproc > 1:
+            from node.compute.ranks import RankGroup
+
+            self.grpo = RankGroup(args, ranks)
+        else:
+            self.grpo = GRPOTrainer(
+                model,
+                GRPOConfig(**args["config"]),
+                keep_versions=int(args["keep_versions"]),
+                pad_id=int(args["pad_id"]),
+            )
         self.checkpoint = Path(args["checkpoint"])
         self.policies = Path(args["policies"])
         self.policies.mkdir(parents=True, exist_ok=True)
@@ -205,10 +222,8 @@ class _Training:
             self._settle()
             return None
         if op == "discard":
-            version = int(args["version"])
             undone = self.grpo.version
-            self.grpo.load_version(version, dict(self.grpo._snapshots[version]))
-            self.grpo.forget(undone)
+            self.grpo.undo(int(args["version"]))
             (self.policies / f"v{undone}.safetensors").unlink(missing_ok=True)
             self._settle()
             return None
@@ -266,6 +281,21 @@ class _Training:
     def close(self) -> None:
         if self.group is not None:
             self.group.shutdown()
+        if hasattr(self.grpo, "close"):  # the worker ranks of a sharded trainer
+            self.grpo.close()
+
+
+def _shapes_only(model_dir: Path) -> Any:
+    """The model built on torch's meta device in float32 (what the ranks train in):
+    parameters with shapes and no storage."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+        return AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            config, dtype=torch.float32
+        )
 
 
 def _watch_parent(parent: int) -> None:

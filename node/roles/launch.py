@@ -218,6 +218,7 @@ async def launch(
                     threads=torch_threads,
                     suite=suite,
                     device=(compute or EngineChoice()).device,
+                    nproc=(compute or EngineChoice()).nproc,
                 )
                 nursery.start_soon(handle.trainer.run)
             elif node.role == "validator":

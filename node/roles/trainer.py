@@ -83,8 +83,10 @@ class Trainer:
         threads: int | None = None,
         suite: TaskSource | None = None,
         device: str = "cpu",
+        nproc: int = 1,
     ) -> None:
         self.node = node
+        self.nproc = nproc  # ranks of the training child (node.compute.fsdp)
         self.feed = feed
         self.run_dir = run_dir
         self.model_dir = model_dir
@@ -189,6 +191,7 @@ class Trainer:
                 "threads": self.threads,
                 "group": group,
                 "chat_template": self.chat_template,
+                "nproc": self.nproc,
             },
             log_path=self.run_dir / "trainer-child.log",
         )

@@ -250,3 +250,53 @@ def test_join_refuses_a_model_whose_tokenizer_does_not_fit_before_any_network_us
     code, _, err = join(capsys, node_home, path, "--bootstrap", bootstrap, "--model", str(model))
     assert code == 2, err
     assert says in " ".join(err.split()) and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("role", "flags", "says"),
+    [
+        ("trainer", ("--nproc", "0"), "--nproc 0 is not a number of processes; give 1 or more"),
+        ("inference", ("--nproc", "2"), "an inference node uses one device: drop --nproc"),
+        ("validator", ("--nproc", "2"), "a validator node uses one device: drop --nproc"),
+        (
+            "trainer",
+            ("--nproc", "2", "--device", "cuda"),
+            "--nproc 2 on cuda:0 needs 2 CUDA GPUs from cuda:0 on (one per rank) and this"
+            " machine has 1; lower --nproc or pick another --device",
+        ),
+    ],
+)
+def test_join_refuses_an_nproc_it_cannot_run_before_any_network_use(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    no_network: None,
+    node_home: Path,
+    tmp_path: Path,
+    role: str,
+    flags: tuple[str, ...],
+    says: str,
+) -> None:
+    """A trainer of the run (so only ``--nproc`` is wrong) on a machine with one GPU."""
+    from node.compute import devices
+    from node.home import NodeHome
+
+    one_gpu = devices.Accelerators(("NVIDIA H200",), vllm=False, note="torch (test)")
+    monkeypatch.setattr(devices, "probe", lambda timeout=120.0: one_gpu)
+    me = NodeHome(node_home).load_key().peer_id
+    owner = tmp_path / "owner"
+    assert run(capsys, "init", "--home", str(owner))[0] == 0
+    genesis = tmp_path / "mine.run"
+    code, _, err = run(
+        capsys,
+        "run", "create", "--name", "nproc", "-o", str(genesis), "--home", str(owner),
+        "--trainer", me, "--validator", me,
+    )  # fmt: skip
+    assert code == 0, err
+    bootstrap = f"/ip4/127.0.0.1/tcp/4001/p2p/{key_named('boot').peer_id}"
+    code, _, err = run(
+        capsys,
+        "join", "--role", role, "--run", str(genesis), "--home", str(node_home),
+        "--listen", LOOPBACK, "--bootstrap", bootstrap, *flags,
+    )  # fmt: skip
+    assert code == 2, err
+    assert says in " ".join(err.split()) and "Traceback" not in err

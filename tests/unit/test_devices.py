@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from node.compute.devices import Accelerators, EngineChoice, choose
+from node.compute.devices import Accelerators, EngineChoice, check_nproc, choose
 from swarm.errors import ConfigError
 
 NONE = Accelerators((), vllm=False, note="no NVIDIA device on this machine")
@@ -54,4 +54,31 @@ def test_bad_choices_are_one_line_errors_with_the_fix(
 ) -> None:
     with pytest.raises(ConfigError, match=re.escape(says)) as err:
         choose(*args, acc=acc)
+    assert "\n" not in str(err.value)
+
+
+def test_nproc_shards_a_trainer_over_devices_from_the_chosen_one() -> None:
+    assert choose(device="cpu", nproc=3).nproc == 3
+    assert "3 gloo ranks" in choose(device="cpu", nproc=3).reasons[-1]
+    two = choose(None, "cuda:0", None, TWO_GPUS, nproc=2)
+    assert two.nproc == 2 and two.reasons[-1] == "nproc 2: FSDP2 over cuda:0..cuda:1 (nccl)"
+    assert check_nproc(None, "inference") == 1 and check_nproc(4, "trainer") == 4
+
+
+@pytest.mark.parametrize(
+    ("nproc", "role", "device", "says"),
+    [
+        (0, "trainer", "cpu", "--nproc 0 is not a number of processes; give 1 or more"),
+        (-2, "trainer", "cpu", "--nproc -2 is not a number of processes"),
+        (2, "inference", "cpu", "an inference node uses one device: drop --nproc"),
+        (2, "validator", "cpu", "a validator node uses one device: drop --nproc"),
+        (3, "trainer", "cuda", "--nproc 3 on cuda:0 needs 3 CUDA GPUs from cuda:0 on"),
+        (2, "trainer", "cuda:1", "this machine has 2; lower --nproc or pick another --device"),
+    ],
+)
+def test_bad_nproc_is_a_one_line_error_with_the_fix(
+    nproc: int, role: str, device: str, says: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)) as err:
+        choose(device=device, acc=TWO_GPUS, nproc=check_nproc(nproc, role))
     assert "\n" not in str(err.value)

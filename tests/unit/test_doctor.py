@@ -47,9 +47,13 @@ def test_doctor_says_which_engine_device_and_dtype_join_would_pick_and_why() -> 
     from node.compute.devices import Accelerators
     from node.doctor import check_accelerator
 
-    found, picked = check_accelerator(Accelerators((), False, "no NVIDIA device on this machine"))
+    found, picked, ranks = check_accelerator(
+        Accelerators((), False, "no NVIDIA device on this machine")
+    )
     assert found.status == "warn" and "no NVIDIA device" in found.detail
+    assert "--nproc N" in ranks.detail and "gloo" in ranks.detail
     assert picked.detail == "torch on cpu in float32"
     assert "bf16 is slow on CPUs" in picked.hint and "--device" in picked.hint
-    _, gpu = check_accelerator(Accelerators(("NVIDIA H200",), True, "torch 2.11"))
+    _, gpu, gpu_ranks = check_accelerator(Accelerators(("NVIDIA H200",) * 2, True, "torch 2.11"))
     assert gpu.detail == "torch on cuda:0 in bfloat16" and "--engine vllm" in gpu.hint
+    assert "up to 2 here" in gpu_ranks.detail and "nccl" in gpu_ranks.detail
