@@ -71,6 +71,9 @@ class ValidatorStats:
     refused: int = 0
     """Not judged at all: another run, a banned worker, a copy judged elsewhere."""
     judge_seconds: float = 0.0
+    newcomer_judge_seconds: float = 0.0
+    """Of ``judge_seconds``, on work of newcomers (no accepted work yet): where a flood of fresh
+    keys spends the validator's time (``bench/flood.py``)."""
     refusals: dict[str, int] = field(default_factory=dict)
     """Precheck refusals by the check that decided (``Judgement.check``)."""
 
@@ -187,10 +190,10 @@ class Validator:
         # waits behind at most one newcomer's judgement.
         newcomer = not self.has_history(submission.signer)
         async with self._newcomer_slot if newcomer else contextlib.nullcontext():
-            return await self._decide(submission, ctx)
+            return await self._decide(submission, ctx, newcomer=newcomer)
 
     async def _decide(
-        self, submission: Signed[RolloutSubmission], ctx: JudgeContext
+        self, submission: Signed[RolloutSubmission], ctx: JudgeContext, *, newcomer: bool = False
     ) -> Signed[Verdict]:
         """Claims, then the model, then sign, store and gossip: under the judge lock."""
         me = self.node.peer_id
@@ -205,7 +208,10 @@ class Validator:
                 self.claims.claim(submission.signer, s.policy_version, s.counter, submission.id, me)
                 started = time.perf_counter()
                 judgement = await self._judge(submission, ctx)
-                self.stats.judge_seconds += time.perf_counter() - started
+                took = time.perf_counter() - started
+                self.stats.judge_seconds += took
+                if newcomer:
+                    self.stats.newcomer_judge_seconds += took
                 if self.rogue is not None:
                     judgement = self.rogue(submission, judgement, ctx)
             recorded = self._record(submission, judgement, related=related)
@@ -335,6 +341,7 @@ class Validator:
         disputed: Signed[Verdict] | None = None,
     ) -> Recorded:
         """Sign and store the verdict, its events and evidence; the verdict is our claim."""
+        earned = self.has_history(submission.signer)  # before its slash lowers the balance
         recorded = record_judgement(
             self.ledger,
             self.evidence.store,
@@ -344,6 +351,7 @@ class Validator:
             self.params,
             related=related or [],
             disputed=disputed,
+            earned=earned,
         )
         self.claims.note(recorded.verdict)
         return recorded
