@@ -15,7 +15,6 @@ neither this node nor the wire. What other validators decide is read by ``node.r
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import time
@@ -29,7 +28,7 @@ import trio
 from node.compute.engine import Engine
 from node.compute.healing import EngineHealer
 from node.policy_feed import PolicyFeed
-from node.roles.admission import PeerRateLimit
+from node.roles.admission import NewcomerShare, PeerRateLimit
 from node.roles.cheats import Rogue
 from node.roles.claims import Claim, ClaimBook
 from node.roles.evidence import EvidenceService
@@ -109,6 +108,7 @@ class Validator:
         self.review = PeerReview(self)
         self.healer = EngineHealer(engine, on_give_up=self._withdraw)
         self.rate_limit = PeerRateLimit(SUBMIT_RATE_PER_S, SUBMIT_BURST)
+        self.newcomers = NewcomerShare()
         self.refusals: dict[tuple[bytes, str], int] = {}
         """Refused hand-offs (verdict id, trainer) -> refusals so far, in memory."""
         self.dead_letters: dict[tuple[bytes, str], str] = {}
@@ -186,11 +186,23 @@ class Validator:
         if self.healer.failed is not None:
             raise EngineError(f"this validator no longer judges: {self.healer.failed}")
         # Newcomers (no accepted work yet) queue for the judge one at a time, behind a slot of
-        # their own: a flood of fresh keys competes with itself, and a worker with a history
-        # waits behind at most one newcomer's judgement.
+        # their own, within their share of judge time (``NewcomerShare``): a flood of fresh
+        # keys competes with itself, and a worker with a history waits behind at most one
+        # newcomer's judgement, and not often.
         newcomer = not self.has_history(submission.signer)
-        async with self._newcomer_slot if newcomer else contextlib.nullcontext():
-            return await self._decide(submission, ctx, newcomer=newcomer)
+        if not newcomer:
+            self.newcomers.trusted_seen()
+            return await self._decide(submission, ctx)
+        async with self._newcomer_slot:
+            try:
+                self.newcomers.check()
+            except ValidationError:
+                self.stats.refusals["newcomer share"] = (
+                    self.stats.refusals.get("newcomer share", 0) + 1
+                )
+                self.stats.refused += 1
+                raise
+            return await self._decide(submission, ctx, newcomer=True)
 
     async def _decide(
         self, submission: Signed[RolloutSubmission], ctx: JudgeContext, *, newcomer: bool = False
@@ -212,6 +224,7 @@ class Validator:
                 self.stats.judge_seconds += took
                 if newcomer:
                     self.stats.newcomer_judge_seconds += took
+                    self.newcomers.spend(took)
                 if self.rogue is not None:
                     judgement = self.rogue(submission, judgement, ctx)
             recorded = self._record(submission, judgement, related=related)
