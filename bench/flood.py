@@ -12,11 +12,12 @@ real assignment, unassigned work, replays, 8 MiB submissions, in rounds until th
 Reports ``honest_ratio`` (honest accepted samples per second with the flood over without; goal
 >= 0.8), ``validator_peak_rss_mib`` (the validator's process and its compute child, from /proc,
 sampled every 0.5 s, over both runs), ``disk_growth_mib`` (the validator's run folder over the
-flooded window), ``flood_judge_share`` (of the validator's judge time in the flooded window,
-the share spent on newcomers' work), ``validator_cpu_extra_share`` (1 - the validator's CPU rate
-without the flood over with it: the part of its CPU the flood took), the CPU seconds of this
-process (the flood's own cost: on a small machine it competes with the honest workers for the
-same cores) and the flood's outcomes.
+flooded window, new policy versions' shards included) and ``disk_growth_over_quiet_mib`` (less
+the quiet run's: what the flood added), ``flood_judge_share`` (of the validator's judge time in
+the flooded window, the share spent on newcomers' work), ``validator_cpu_extra_share`` (1 - the
+validator's CPU rate without the flood over with it: the part of its CPU the flood took), the
+CPU seconds of this process (the flood's own cost: on a small machine it competes with the
+honest workers for the same cores) and the flood's outcomes.
 Bounded in time: at most about 2 x (startup + S) + a minute; S defaults to 60.
 """
 
@@ -202,6 +203,9 @@ def main() -> None:
             quiet["validator_peak_rss_mib"], flooded["validator_peak_rss_mib"]
         ),
         "disk_growth_mib": flooded["disk_growth_mib"],
+        "disk_growth_over_quiet_mib": round(
+            flooded["disk_growth_mib"] - quiet["disk_growth_mib"], 3
+        ),
         "flood_judge_share": flooded["flood_judge_share"],
         "validator_cpu_extra_share": 1
         - (quiet["validator_cpu_s"] / quiet["seconds"])
