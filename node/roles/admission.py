@@ -67,8 +67,8 @@ class PeerRateLimit:
 class NewcomerShare:
     def __init__(
         self,
-        share: float = 0.2,
-        burst_s: float = 5.0,
+        share: float = 0.1,
+        burst_s: float = 3.0,
         *,
         active_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
