@@ -74,7 +74,12 @@ class ValidatorStats:
     """Of ``judge_seconds``, on work of newcomers (no accepted work yet): where a flood of fresh
     keys spends the validator's time (``bench/flood.py``)."""
     refusals: dict[str, int] = field(default_factory=dict)
-    """Precheck refusals by the check that decided (``Judgement.check``)."""
+    """Refusals before the judge by the check that decided (``Judgement.check``, or
+    ``newcomer share``)."""
+
+    def refuse(self, check: str) -> None:
+        self.refusals[check] = self.refusals.get(check, 0) + 1
+        self.refused += 1
 
 
 class Validator:
@@ -180,8 +185,7 @@ class Validator:
         ctx = self._context()
         refusal = precheck(submission, ctx, counter_seen=False)
         if refusal is not None:
-            self.stats.refusals[refusal.check] = self.stats.refusals.get(refusal.check, 0) + 1
-            self.stats.refused += 1
+            self.stats.refuse(refusal.check)
             raise ValidationError(f"refused ({refusal.check}): {'; '.join(refusal.reasons)}")
         if self.healer.failed is not None:
             raise EngineError(f"this validator no longer judges: {self.healer.failed}")
@@ -197,10 +201,7 @@ class Validator:
             try:
                 self.newcomers.check()
             except ValidationError:
-                self.stats.refusals["newcomer share"] = (
-                    self.stats.refusals.get("newcomer share", 0) + 1
-                )
-                self.stats.refused += 1
+                self.stats.refuse("newcomer share")
                 raise
             return await self._decide(submission, ctx, newcomer=True)
 
