@@ -100,9 +100,11 @@ class NewcomerShare:
         )
 
     def spend(self, seconds: float) -> None:
-        """A newcomer's judgement took ``seconds`` of judge time."""
-        self._refill()
-        self._tokens -= seconds
+        """A newcomer's judgement took ``seconds`` of judge time (not counted while nobody with
+        a history is active: a new run's first workers do not use up the next one's share)."""
+        now = self._refill()
+        if now - self._trusted_at <= self.active_s:
+            self._tokens -= seconds
 
     def _refill(self) -> float:
         now = self.clock()

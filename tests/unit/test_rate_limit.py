@@ -34,11 +34,13 @@ def test_buckets_are_bounded_in_number() -> None:
 def test_newcomers_take_at_most_their_share_of_judge_time_while_workers_are_active() -> None:
     now = [0.0]
     share = NewcomerShare(share=0.2, burst_s=2.0, active_s=60.0, clock=lambda: now[0])
-    # Nobody with a history yet (a new run): newcomers are never held back.
+    # Nobody with a history yet (a new run): newcomers are never held back, nor charged.
     for _ in range(10):
         share.check()
         share.spend(1.0)
     share.trusted_seen()
+    share.check()
+    share.spend(10.0)
     with pytest.raises(ValidationError, match=r"busy: newcomers .* 20% .* retry in"):
         share.check()
     now[0] += 40.0  # refilled at 0.2 s per s: from -8 s of judge time to 0, not yet above
