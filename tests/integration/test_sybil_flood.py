@@ -64,6 +64,7 @@ GENESIS_RUN = run_id_of(GENESIS)
 HONEST = [key_named("honest-0"), key_named("honest-1")]
 PINNED_BUDGET = 16 * 1024  # small, so the flood passes it: each slash rests on ~3 KiB
 RSS_BUDGET_MIB = 300
+REPO = Path(__file__).resolve().parents[2]
 DISK_BUDGET_MIB = 16
 
 
@@ -218,7 +219,11 @@ async def test_honest_workers_are_credited_through_a_flood_of_50_fresh_identitie
         async def flood_then_stop() -> None:
             try:
                 done_proc = await trio.run_process(
-                    flood_cmd, capture_stdout=True, capture_stderr=True, check=False
+                    flood_cmd,
+                    cwd=REPO,  # where ``python -m tests.flood`` is found
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
                 )
                 assert done_proc.returncode == 0, done_proc.stderr.decode()[-2000:]
                 flood_out.update(json.loads(done_proc.stdout.decode().splitlines()[-1]))
