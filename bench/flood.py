@@ -126,9 +126,8 @@ async def one_run(
                     addr,
                     identities=identities,
                     rounds=10**6,
-                    # One behind the trainer's newest: inside the validator's window even when
-                    # the validator has not heard of the newest yet.
-                    version=lambda: max(0, swarm.version() - 1),
+                    # The validator's own newest version (its status): inside its window.
+                    version=lambda: int(validator.status.get("policy_version") or 0),
                 )
 
                 async def run_flood() -> None:
