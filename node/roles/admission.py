@@ -12,12 +12,10 @@ from an injectable clock, so tests run instantly.
 ``NewcomerShare``: newcomers (keys with no accepted work) may spend at most ``share`` of the
 validator's wall time on the judge (a bucket of judge-seconds refilled at ``share`` per second,
 at most ``burst_s``), while workers with a history are active (one submitted within
-``active_s``). A newcomer whose turn comes with less in the bucket than the last newcomer
-judgement took (at most ``burst_s``) is refused at once (nothing claimed, stored or prefilled)
-with the wait to retry, so one long judgement cannot run the share far into debt. So a flood of
-fresh keys, however large, takes at most that share from the workers who earned priority; a
-swarm of newcomers only (a new run) is not held back at all, since nobody with a history is
-waiting.
+``active_s``). A newcomer whose turn comes with the bucket empty is refused at once (nothing
+claimed, stored or prefilled) with the wait to retry. So a flood of fresh keys, however large,
+takes at most that share from the workers who earned priority; a swarm of newcomers only (a new
+run) is not held back at all, since nobody with a history is waiting.
 
 Hand-written rather than a library: the buckets are a few lines, and the libraries on the package
 index that do this (``limits``, ``aiolimiter``) assume asyncio or a shared store.
@@ -83,9 +81,6 @@ class NewcomerShare:
         self._tokens = burst_s
         self._refilled = clock()
         self._trusted_at = -float("inf")
-        self._cost = 0.0
-        """What the last newcomer judgement took (at most ``burst_s``): a turn needs that much
-        in the bucket, so one long judgement cannot run the share far into debt."""
 
     def trusted_seen(self) -> None:
         """A worker with a history submitted: the share applies for ``active_s`` from now."""
@@ -94,10 +89,10 @@ class NewcomerShare:
     def check(self) -> None:
         """A newcomer's turn at the judge: ``ValidationError`` when its share is used up."""
         now = self._refill()
-        if self._tokens >= self._cost or now - self._trusted_at > self.active_s:
+        if self._tokens > 0 or now - self._trusted_at > self.active_s:
             return
         self.refused += 1
-        wait = (self._cost - self._tokens) / self.share + 0.1
+        wait = -self._tokens / self.share + 0.1
         raise ValidationError(
             f"busy: newcomers (no accepted work yet) may take {self.share:.0%} of this"
             f" validator's judge time while its established workers are active; retry in"
@@ -110,7 +105,6 @@ class NewcomerShare:
         now = self._refill()
         if now - self._trusted_at <= self.active_s:
             self._tokens -= seconds
-            self._cost = min(seconds, self.burst_s)
 
     def _refill(self) -> float:
         now = self.clock()
