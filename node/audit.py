@@ -11,6 +11,8 @@ also accepts, with the same rewards. Disputes are settled by replaying the dispu
 Evidence is looked up by id (``EvidenceLookup``): in the content-addressed evidence store next
 to the ledger (``<run dir>/evidence.db``, what every validator keeps), then the ledger's own
 verdicts. ``node.audit_swarm`` fills such a store from the swarm (``audit --run --bootstrap``).
+Evidence a holder's budget summarized (``swarm.evidence``: sha256 and size kept, bytes dropped)
+is reported as such, an unchecked row naming the object, never as agreement or as missing.
 
 The run's model is the one its genesis's card binds: ``AuditAssets.model`` (``--model``, checked
 against the card: a copy that differs is refused, the file named), else the home's cache that
@@ -39,7 +41,7 @@ from node.roles.judge import OTHER_SUBMISSION, JudgeContext, equivocation, judge
 from node.run import TaskSource, suite_for
 from node.run_assets import AssetDirs, local_data_set, local_model
 from swarm.errors import ConfigError, MalformedError, StorageError, SwarmError
-from swarm.evidence import EvidenceStore
+from swarm.evidence import EvidenceStore, Summary
 from swarm.ledger import EQUIVOCATION, LedgerStore, fold
 from swarm.ledger.recheck import recheck
 from swarm.messages import (
@@ -89,6 +91,10 @@ class EvidenceLookup:
     def raw(self, object_id: bytes) -> bytes | None:
         held = None if self.evidence is None else self.evidence.get(object_id)
         return held if held is not None else self.store.verdict_raw(object_id)
+
+    def summary(self, object_id: bytes) -> Summary | None:
+        """What is left of evidence a budget dropped (None: held, or never known)."""
+        return None if self.evidence is None else self.evidence.summary(object_id)
 
     def verdict(self, object_id: bytes) -> Signed[Verdict] | None:
         raw = self.raw(object_id)
@@ -309,14 +315,17 @@ def _replay_from_store(
     try:
         verdict = lookup.verdict(cited)
         if verdict is None:
-            return AuditRow(cited.hex()[:16], "evidence", False, "the cited verdict is missing")
+            return _missing(lookup, cited, "the cited verdict is missing")
         subject = verdict.message.submission_id
         submission = lookup.submission(subject)
         related = [r for r in map(lookup.submission, event.message.related) if r is not None]
     except SwarmError as exc:
         return AuditRow(cited.hex()[:16], "evidence", False, f"bad evidence: {exc}")
     if submission is None:
-        return AuditRow(subject.hex()[:16], "evidence", False, "the submission is missing")
+        return _missing(lookup, subject, "the submission is missing")
+    dropped = [i for i in event.message.related if lookup.summary(i) is not None]
+    if dropped:
+        return _missing(lookup, dropped[0], "")
     if submission.signer != event.message.peer:
         return AuditRow(subject.hex()[:16], "evidence", False, "the event's peer did not sign")
     if event.message.event == "credit":
@@ -324,6 +333,14 @@ def _replay_from_store(
             return AuditRow(subject.hex()[:16], "credit evidence", False, "verdict did not accept")
         return _replay_accept(genesis, submission, verdict, engines)
     return replay_slash(genesis, submission, verdict, related, engines)
+
+
+def _missing(lookup: EvidenceLookup, object_id: bytes, why: str) -> AuditRow:
+    """A failed row for missing evidence, or an unchecked one naming what a budget summarized."""
+    summary = lookup.summary(object_id)
+    if summary is None:
+        return AuditRow(object_id.hex()[:16], "evidence", False, why)
+    return AuditRow(object_id.hex()[:16], "evidence summarized", None, summary.describe())
 
 
 def _settle_dispute(

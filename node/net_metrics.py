@@ -89,7 +89,8 @@ def _role(role: dict[str, Any]) -> Iterator[Any]:
         )
         refusals = CounterMetricFamily(
             "swarm_node_validator_refusals",
-            "Submissions refused by the precheck (no model), by the check that decided",
+            "Submissions refused before the judge, by the check that decided (a precheck, or"
+            " 'newcomer share')",
             labels=["check"],
         )
         for check, n in sorted(validator.get("refusals", {}).items()):
@@ -99,6 +100,11 @@ def _role(role: dict[str, Any]) -> Iterator[Any]:
             "swarm_node_validator_judge_seconds",
             "Seconds spent judging with the model",
             value=validator.get("judge_seconds", 0.0),
+        )
+        yield CounterMetricFamily(
+            "swarm_node_validator_newcomer_judge_seconds",
+            "Of the judge seconds, those on newcomers' work (keys with no accepted work)",
+            value=validator.get("newcomer_judge_seconds", 0.0),
         )
         yield GaugeMetricFamily(
             "swarm_node_validator_claims",
@@ -149,7 +155,15 @@ def _role(role: dict[str, Any]) -> Iterator[Any]:
         yield usage
     evidence = role.get("evidence")
     if evidence is not None:
-        for name in ("objects", "bytes", "pinned_objects", "pinned_bytes"):
+        for name in (
+            "objects",
+            "bytes",
+            "pinned_objects",
+            "pinned_bytes",
+            "summarized_objects",
+            "summarized_bytes_dropped",
+            "repeats",
+        ):
             yield GaugeMetricFamily(
                 f"swarm_node_evidence_{name}",
                 f"Evidence store: {name}",

@@ -1,4 +1,5 @@
-"""Per-peer rate limits at the validator's door (issue 15: fair admission).
+"""Per-peer rate limits and the newcomers' share of judge time at the validator's door (issue
+15: fair admission).
 
 ``PeerRateLimit``: a token bucket per peer (``burst`` requests at once, refilled at ``rate`` per
 second), checked before anything else is done with a submission (before decoding the rest of
@@ -8,7 +9,15 @@ least recently seen dropped first (a dropped peer starts again with a full bucke
 fresh keys gains nothing by evicting others: each key has its own bucket anyway). Time comes
 from an injectable clock, so tests run instantly.
 
-Hand-written rather than a library: the bucket is a few lines, and the libraries on the package
+``NewcomerShare``: newcomers (keys with no accepted work) may spend at most ``share`` of the
+validator's wall time on the judge (a bucket of judge-seconds refilled at ``share`` per second,
+at most ``burst_s``), while workers with a history are active (one submitted within
+``active_s``). A newcomer whose turn comes with the bucket empty is refused at once (nothing
+claimed, stored or prefilled) with the wait to retry. So a flood of fresh keys, however large,
+takes at most that share from the workers who earned priority; a swarm of newcomers only (a new
+run) is not held back at all, since nobody with a history is waiting.
+
+Hand-written rather than a library: the buckets are a few lines, and the libraries on the package
 index that do this (``limits``, ``aiolimiter``) assume asyncio or a shared store.
 """
 
@@ -53,3 +62,52 @@ class PeerRateLimit:
         self._buckets[peer] = (tokens - 1.0, now)
         while len(self._buckets) > self.max_peers:
             self._buckets.popitem(last=False)
+
+
+class NewcomerShare:
+    def __init__(
+        self,
+        share: float = 0.1,
+        burst_s: float = 3.0,
+        *,
+        active_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.share = share
+        self.burst_s = burst_s
+        self.active_s = active_s
+        self.clock = clock
+        self.refused = 0
+        self._tokens = burst_s
+        self._refilled = clock()
+        self._trusted_at = -float("inf")
+
+    def trusted_seen(self) -> None:
+        """A worker with a history submitted: the share applies for ``active_s`` from now."""
+        self._trusted_at = self.clock()
+
+    def check(self) -> None:
+        """A newcomer's turn at the judge: ``ValidationError`` when its share is used up."""
+        now = self._refill()
+        if self._tokens > 0 or now - self._trusted_at > self.active_s:
+            return
+        self.refused += 1
+        wait = -self._tokens / self.share + 0.1
+        raise ValidationError(
+            f"busy: newcomers (no accepted work yet) may take {self.share:.0%} of this"
+            f" validator's judge time while its established workers are active; retry in"
+            f" {wait:.1f} s or send to another validator"
+        )
+
+    def spend(self, seconds: float) -> None:
+        """A newcomer's judgement took ``seconds`` of judge time (not counted while nobody with
+        a history is active: a new run's first workers do not use up the next one's share)."""
+        now = self._refill()
+        if now - self._trusted_at <= self.active_s:
+            self._tokens -= seconds
+
+    def _refill(self) -> float:
+        now = self.clock()
+        self._tokens = min(self.burst_s, self._tokens + (now - self._refilled) * self.share)
+        self._refilled = now
+        return now

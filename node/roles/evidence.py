@@ -1,27 +1,31 @@
 """The evidence protocol: any holder serves a signed envelope by its id; anyone fetches it.
 
 ``/swarm-node/<run>/evidence/1``: the request is the 32-byte id (sha256 of the envelope); the
-answer is the envelope's bytes, or a refusal ("not held"). The asker checks the bytes hash to the
-id and decode as a known signed kind before it keeps them, so a holder can only serve what was
-asked for. Every role serves its ``EvidenceStore`` (validators hold the most; an auditor serves
-what it fetched).
+answer is the envelope's bytes, or a refusal: "not held", or "summarized KIND SIZE SEEN" when
+the holder's evidence budget dropped the bytes (``swarm.evidence``; the asker records the
+summary, so an audit names the slash it cannot replay instead of calling its evidence missing).
+The asker checks the bytes hash to the id and decode as a known signed kind before it keeps
+them, so a holder can only serve what was asked for. Every role serves its ``EvidenceStore``
+(validators hold the most; an auditor serves what it fetched).
 
 ``EvidenceService.keep`` follows what a piece of evidence cites: a Verdict brings its submission
 (and, for an equivocation, the other submission named in its metrics), a LedgerEvent its verdict
-and the ids in ``related``. So "keep the evidence of this slash" is one call with the event.
+and the ids in ``related``. So "keep the evidence of this slash" is one call with the event,
+pinned against the accused (``accused``, ``earned``: the budgets of ``swarm.evidence``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Iterable
 from typing import Any
 
 from node.roles.judge import OTHER_SUBMISSION
 from node.runtime import Node
 from swarm.errors import MalformedError, NetworkError, PeerError, SwarmError
-from swarm.evidence import EvidenceStore, address_of
+from swarm.evidence import EvidenceStore, Summary, address_of
 from swarm.messages import LedgerEvent, Signed, Verdict, decode_any
 from swarm.net.names import EVIDENCE
 from swarm.net.protocols import EVIDENCE_LIMITS
@@ -30,6 +34,17 @@ log = logging.getLogger(__name__)
 
 MAX_CLOSURE = 16
 """At most this many objects fetched by one ``keep`` (a verdict and its few submissions)."""
+SUMMARIZED = "summarized"
+_SUMMARY = re.compile(rf"{SUMMARIZED} ([a-z-]{{1,40}}) (\d{{1,12}}) (\d{{1,12}})$")
+
+
+def summary_of(object_id: bytes, refusal: str) -> Summary | None:
+    """The summary a holder's refusal ("... summarized KIND SIZE SEEN") reports, else None."""
+    found = _SUMMARY.search(refusal)
+    if found is None:
+        return None
+    kind, size, seen = found.groups()
+    return Summary(object_id, kind, int(size), None, int(seen))
 
 
 def cited(signed: Signed[Any]) -> list[bytes]:
@@ -62,6 +77,9 @@ class EvidenceService:
             raise MalformedError("an evidence request is a 32-byte object id")
         raw = self.store.get(body)
         if raw is None:
+            summary = self.store.summary(body)
+            if summary is not None:
+                raise PeerError(f"{SUMMARIZED} {summary.kind} {summary.size} {summary.seen}")
             raise PeerError("not held")
         self.served += 1
         return raw
@@ -87,6 +105,9 @@ class EvidenceService:
                 signed = decode_any(raw)
             except SwarmError as exc:
                 log.debug("evidence %s not from %s: %s", object_id.hex()[:16], peer[-8:], exc)
+                summary = summary_of(object_id, str(exc)) if type(exc) is PeerError else None
+                if summary is not None:
+                    self.store.note_summary(summary)
                 if type(exc) is NetworkError:  # no stream at all: dial afresh next time
                     await self.node.forget_peer(peer)
                 continue
@@ -95,10 +116,17 @@ class EvidenceService:
         return None
 
     async def keep(
-        self, roots: Iterable[bytes], peers: Iterable[str] = (), *, pinned: bool
+        self,
+        roots: Iterable[bytes],
+        peers: Iterable[str] = (),
+        *,
+        pinned: bool,
+        accused: str | None = None,
+        earned: bool = True,
     ) -> list[Signed[Any]]:
         """Fetch and store ``roots`` and what they cite (``cited``); returns what is held now.
-        Objects nobody serves are skipped (logged): the caller may try again later."""
+        Objects nobody serves are skipped (logged): the caller may try again later. Pinned
+        evidence is charged to ``accused`` (``EvidenceStore.put``)."""
         wanted = list(roots)
         asked = list(peers)
         held: list[Signed[Any]] = []
@@ -112,7 +140,9 @@ class EvidenceService:
             if signed is None:
                 log.info("evidence %s: no holder answered", object_id.hex()[:16])
                 continue
-            self.store.put(signed.raw, signed.envelope.kind, pinned=pinned)
+            self.store.put(
+                signed.raw, signed.envelope.kind, pinned=pinned, peer=accused, earned=earned
+            )
             held.append(signed)
             wanted += cited(signed)
         return held

@@ -224,6 +224,15 @@ def judge(
     s = submission.message
     p = ctx.params
     g = p.group_size
+    vocab = engine.info.vocab_size
+    for j, sample in enumerate(s.samples):
+        # Before any prefill: a token id the model has no embedding for would crash it (an
+        # IndexError, or a dead engine child), and anyone can sign such a sample (issue 15).
+        outside = next((t for t in sample.tokens if not 0 <= t < vocab), None)
+        if outside is not None:
+            return _reject(
+                "hard", f"sample {j}: token id {outside} outside the vocabulary ({vocab})"
+            )
     prompt_ids = [int(i) for i in s.prompt_ids]
     prompts = engine.encode_prompts([ctx.suite.task(i).prompt for i in prompt_ids])
     claims = [

@@ -112,13 +112,28 @@ class PeerReview:
         claims = self.validator.claims.of(v.worker, v.policy_version, v.counter)
         return any(c.validator == me and c.submission != v.submission_id for c in claims)
 
+    def _accused(self, signed: Signed[Any]) -> tuple[str | None, bool]:
+        """Whom a slash's or dispute's evidence is charged to (``swarm.evidence`` budgets), and
+        whether that worker had accepted work before it: its balance back before one slash."""
+        message = signed.message
+        peer = message.worker if isinstance(message, Verdict) else getattr(message, "peer", None)
+        if not isinstance(peer, str):
+            return None, True
+        p = self.validator.params
+        return peer, self.validator.ledger.balance(peer) + p.slash_amount > p.initial_balance
+
     async def _do(self, task: _Task) -> None:
         evidence = self.validator.evidence
         signed = task.signed
         if task.kind == "keep":
+            accused, earned = self._accused(signed)
             if isinstance(signed.message, Verdict):
-                evidence.store.put(signed.raw, signed.envelope.kind, pinned=True)
-            held = await evidence.keep(cited(signed), [signed.signer], pinned=True)
+                evidence.store.put(
+                    signed.raw, signed.envelope.kind, pinned=True, peer=accused, earned=earned
+                )
+            held = await evidence.keep(
+                cited(signed), [signed.signer], pinned=True, accused=accused, earned=earned
+            )
             self.stats.evidence_kept += len(held)
             return
         verdict: Signed[Verdict] = signed

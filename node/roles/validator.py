@@ -15,7 +15,6 @@ neither this node nor the wire. What other validators decide is read by ``node.r
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import time
@@ -29,7 +28,7 @@ import trio
 from node.compute.engine import Engine
 from node.compute.healing import EngineHealer
 from node.policy_feed import PolicyFeed
-from node.roles.admission import PeerRateLimit
+from node.roles.admission import NewcomerShare, PeerRateLimit
 from node.roles.cheats import Rogue
 from node.roles.claims import Claim, ClaimBook
 from node.roles.evidence import EvidenceService
@@ -71,8 +70,16 @@ class ValidatorStats:
     refused: int = 0
     """Not judged at all: another run, a banned worker, a copy judged elsewhere."""
     judge_seconds: float = 0.0
+    newcomer_judge_seconds: float = 0.0
+    """Of ``judge_seconds``, on work of newcomers (no accepted work yet): where a flood of fresh
+    keys spends the validator's time (``bench/flood.py``)."""
     refusals: dict[str, int] = field(default_factory=dict)
-    """Precheck refusals by the check that decided (``Judgement.check``)."""
+    """Refusals before the judge by the check that decided (``Judgement.check``, or
+    ``newcomer share``)."""
+
+    def refuse(self, check: str) -> None:
+        self.refusals[check] = self.refusals.get(check, 0) + 1
+        self.refused += 1
 
 
 class Validator:
@@ -106,6 +113,7 @@ class Validator:
         self.review = PeerReview(self)
         self.healer = EngineHealer(engine, on_give_up=self._withdraw)
         self.rate_limit = PeerRateLimit(SUBMIT_RATE_PER_S, SUBMIT_BURST)
+        self.newcomers = NewcomerShare()
         self.refusals: dict[tuple[bytes, str], int] = {}
         """Refused hand-offs (verdict id, trainer) -> refusals so far, in memory."""
         self.dead_letters: dict[tuple[bytes, str], str] = {}
@@ -177,20 +185,28 @@ class Validator:
         ctx = self._context()
         refusal = precheck(submission, ctx, counter_seen=False)
         if refusal is not None:
-            self.stats.refusals[refusal.check] = self.stats.refusals.get(refusal.check, 0) + 1
-            self.stats.refused += 1
+            self.stats.refuse(refusal.check)
             raise ValidationError(f"refused ({refusal.check}): {'; '.join(refusal.reasons)}")
         if self.healer.failed is not None:
             raise EngineError(f"this validator no longer judges: {self.healer.failed}")
         # Newcomers (no accepted work yet) queue for the judge one at a time, behind a slot of
-        # their own: a flood of fresh keys competes with itself, and a worker with a history
-        # waits behind at most one newcomer's judgement.
+        # their own, within their share of judge time (``NewcomerShare``): a flood of fresh
+        # keys competes with itself, and a worker with a history waits behind at most one
+        # newcomer's judgement, and not often.
         newcomer = not self.has_history(submission.signer)
-        async with self._newcomer_slot if newcomer else contextlib.nullcontext():
+        if not newcomer:
+            self.newcomers.trusted_seen()
             return await self._decide(submission, ctx)
+        async with self._newcomer_slot:
+            try:
+                self.newcomers.check()
+            except ValidationError:
+                self.stats.refuse("newcomer share")
+                raise
+            return await self._decide(submission, ctx, newcomer=True)
 
     async def _decide(
-        self, submission: Signed[RolloutSubmission], ctx: JudgeContext
+        self, submission: Signed[RolloutSubmission], ctx: JudgeContext, *, newcomer: bool = False
     ) -> Signed[Verdict]:
         """Claims, then the model, then sign, store and gossip: under the judge lock."""
         me = self.node.peer_id
@@ -205,7 +221,11 @@ class Validator:
                 self.claims.claim(submission.signer, s.policy_version, s.counter, submission.id, me)
                 started = time.perf_counter()
                 judgement = await self._judge(submission, ctx)
-                self.stats.judge_seconds += time.perf_counter() - started
+                took = time.perf_counter() - started
+                self.stats.judge_seconds += took
+                if newcomer:
+                    self.stats.newcomer_judge_seconds += took
+                    self.newcomers.spend(took)
                 if self.rogue is not None:
                     judgement = self.rogue(submission, judgement, ctx)
             recorded = self._record(submission, judgement, related=related)
@@ -335,6 +355,7 @@ class Validator:
         disputed: Signed[Verdict] | None = None,
     ) -> Recorded:
         """Sign and store the verdict, its events and evidence; the verdict is our claim."""
+        earned = self.has_history(submission.signer)  # before its slash lowers the balance
         recorded = record_judgement(
             self.ledger,
             self.evidence.store,
@@ -344,6 +365,7 @@ class Validator:
             self.params,
             related=related or [],
             disputed=disputed,
+            earned=earned,
         )
         self.claims.note(recorded.verdict)
         return recorded

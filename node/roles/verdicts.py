@@ -8,7 +8,9 @@ fold counts one credit and one slash per assignment, so a validator that restart
 and signs again, or a second validator judging the same assignment, never pays twice.
 
 Evidence goes to the content-addressed ``EvidenceStore``, the verdict first into the ledger (the
-rules read it). What a slash or a dispute rests on is pinned (kept whatever the disk budget);
+rules read it). What a slash or a dispute rests on is pinned, charged to the worker within the
+store's per-peer and total budgets (``swarm.evidence``: a first slash is always kept in full;
+``earned`` says whether the worker had accepted work, which decides who yields past the total);
 accepted work and soft rejections are kept unpinned (the trainer hand-off, proof bundles).
 """
 
@@ -43,6 +45,7 @@ def record_judgement(
     related: Sequence[Signed[RolloutSubmission]] = (),
     disputed: Signed[Verdict] | None = None,
     now_ms: int | None = None,
+    earned: bool = True,
 ) -> Recorded:
     """Sign the verdict and its ledger events, keep the evidence, store verdict and events;
     return them to gossip. ``related``: the other submission of an equivocation; ``disputed``:
@@ -75,6 +78,8 @@ def record_judgement(
         pinned = judgement.severity == "hard" or disputed is not None
         kept: list[Signed[Any]] = [submission, verdict, *related]
         for signed in [*kept, disputed] if disputed is not None else kept:
-            evidence.put(signed.raw, signed.envelope.kind, pinned=pinned)
+            evidence.put(
+                signed.raw, signed.envelope.kind, pinned=pinned, peer=worker, earned=earned
+            )
     store.add(events, verdicts=[verdict])  # the verdict first: the rules read it
     return Recorded(verdict, events)

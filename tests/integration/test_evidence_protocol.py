@@ -1,6 +1,7 @@
 """The evidence protocol between real hosts on 127.0.0.1: any holder serves an envelope by its
 id; an unknown id or a malformed request is refused with a reason; bytes that do not hash to the
-asked id are never kept, and the asker moves on to the next holder; ``keep`` follows what a
+asked id are never kept, and the asker moves on to the next holder; an id a budget summarized is
+refused as such and the summary recorded by the asker; ``keep`` follows what a
 slash cites (its verdict, the verdict's submission, the other submission of an equivocation)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 from node.roles.evidence import EvidenceService
 from node.roles.judge import OTHER_SUBMISSION
 from swarm.errors import PeerError
-from swarm.evidence import EvidenceStore
+from swarm.evidence import EvidenceStore, Summary
 from swarm.ledger import EQUIVOCATION
 from swarm.messages import LedgerEvent, RolloutSubmission, Sample, Verdict, sign
 from swarm.net.names import EVIDENCE
@@ -95,3 +96,15 @@ async def test_evidence_is_served_by_id_checked_and_followed(tmp_path: Path) -> 
         )
         assert isinstance(held[0].message, Verdict)
         assert isinstance(held[1].message, RolloutSubmission)
+
+        # Evidence a holder's budget summarized (issue 15): refused as summarized, and the asker
+        # records the summary, so an audit names it instead of calling it missing.
+        dropped = sign(_submission(run_id, 9), WORKER)
+        served.store.note_summary(
+            Summary(dropped.id, dropped.envelope.kind, len(dropped.raw), None, 2)
+        )
+        with pytest.raises(PeerError, match=r"summarized rollout-submission \d+ 2"):
+            await asker.request(holder.peer_id, EVIDENCE, dropped.id, EVIDENCE_LIMITS)
+        assert await fetcher.fetch(dropped.id, [holder.peer_id]) is None
+        noted = fetcher.store.summary(dropped.id)
+        assert noted is not None and noted.size == len(dropped.raw) and noted.seen == 2

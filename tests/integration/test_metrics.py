@@ -86,6 +86,8 @@ async def test_a_validator_with_a_metrics_port_answers_a_scrape(tmp_path: Path) 
         text = await wait_until(lambda: scraped("swarm_node_validator_claims"), timeout=20)
         assert "swarm_node_evidence_bytes" in text and "swarm_node_status_age_seconds" in text
         assert 'swarm_node_disk_bytes{entry="ledger.db"}' in text
+        assert "swarm_node_evidence_summarized_objects" in text
+        assert "swarm_node_validator_newcomer_judge_seconds_total" in text
 
         garbage = RolloutSubmission("cd" * 16, 0, 0, ("1",), (Sample("1", (1,), 0, (), "stop"),), 1)
         await wait_until(

@@ -9,18 +9,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
-from node.roles.judge import Judgement
+from node.roles.judge import JudgeContext, Judgement, judge
 from node.roles.validator import Validator
 from node.run import suite_for
 from swarm.assignment import assign
 from swarm.errors import ValidationError
 from swarm.identity import NodeKey
+from swarm.ledger import fold
 from swarm.messages import RolloutSubmission, Sample, Signed, sign
 from swarm.toploc import proof_size
 from tests.validator_stub import GENESIS, PARAMS, RUN, VERSION, stub_validator
@@ -137,3 +139,23 @@ async def test_a_worker_with_history_waits_behind_at_most_one_newcomer(
         await trio.testing.wait_all_tasks_blocked()
         release.set()
     assert order == [fresh[0].peer_id, earned.peer_id, fresh[1].peer_id, fresh[2].peer_id]
+
+
+class VocabOnlyEngine:
+    """Knows its vocabulary size; any prefill fails the test."""
+
+    info = SimpleNamespace(vocab_size=259)
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the engine was reached ({name}) by a token outside the vocabulary")
+
+
+def test_a_token_outside_the_vocabulary_is_rejected_hard_before_any_prefill() -> None:
+    """Found by the Sybil flood: a signed sample with token ids past the model's vocabulary made
+    the prefill raise IndexError (the stream reset, the claim held no verdict). Now the judge
+    rejects it hard, as a forged sample, before the engine runs."""
+    signed = sign(first_sample(assigned(), tokens=(1, 2, 900)), WORKER)
+    ctx = JudgeContext(RUN, PARAMS, suite_for(GENESIS.message), VERSION, fold([], PARAMS))
+    verdict = judge(signed, ctx, VocabOnlyEngine(), counter_seen=False)  # type: ignore[arg-type]
+    assert verdict.severity == "hard" and not verdict.accepted
+    assert "token id 900 outside the vocabulary (259)" in verdict.reasons[0]
