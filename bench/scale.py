@@ -301,9 +301,7 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
             t_ann = published["t_ann"]
             deadline = trio.current_time() + args.fetch_timeout
             while trio.current_time() < deadline:
-                done = sum(
-                    1 for g in groups for e in [*g.events.get("fetched", ()), *g.events.get("failed", ())] if e["v"] == 2
-                )
+                done = sum(1 for g in groups for e in g.events.get("fetched", ()) if e["v"] == 2)
                 if done >= n:
                     break
                 await trio.sleep(0.2)
@@ -323,13 +321,16 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
             for g in groups:
                 await g.send(cmd="lookup", nodes=args.lookup_nodes, rounds=2)
             lookups: list[float] = []
+            trainer_found: list[int] = []
             with trio.move_on_after(60):
                 for g in groups:
-                    lookups += (await g.wait("lookup"))[0]["ms"]
+                    answer = (await g.wait("lookup"))[0]
+                    lookups += answer["ms"]
+                    trainer_found += answer["trainer_found"]
             stats: dict[str, list[dict[str, Any]]] = {}
             for p in [pub, *groups]:
                 await p.send(cmd="stats")
-            with trio.fail_after(30):
+            with trio.fail_after(60):
                 for p in [pub, *groups]:
                     stats[p.name] = (await p.wait("stats"))[-1]["nodes"]
             usage = [p.usage() for p in groups]
@@ -367,6 +368,8 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
         origin_share_received=from_origin / max(1, sum(sum(e["from"].values()) for e in fetched_ev)),
         mesh_per_node=statistics.fmean(s["mesh"] for s in node_stats) if node_stats else 0,
         fetch_failures=failures[:5],
+        fetch_retries=len(failures),
+        trainer_lookups_found=f"{sum(1 for f in trainer_found if f)}/{len(trainer_found)}",
         publish_s=published["t_ann"] - published["t0"],
         wall_s=time.monotonic() - began,
         load_average=os.getloadavg(),
@@ -436,7 +439,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", default="25,50,100", help="comma-separated N values")
     parser.add_argument("--size-mib", type=int, default=64)
-    parser.add_argument("--shard-mib", type=int, default=32)
+    parser.add_argument("--shard-mib", type=int, default=4)
     parser.add_argument("--per-process", type=int, default=10)
     parser.add_argument("--settle", type=float, default=10.0)
     parser.add_argument("--start-timeout", type=float, default=180.0)

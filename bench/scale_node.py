@@ -107,8 +107,10 @@ def node_config(spec: dict[str, Any], name: str, role: str) -> RuntimeConfig:
     )
 
 
-def fetch_config(spec: dict[str, Any]) -> FetchConfig:
-    return FetchConfig(stall_timeout=10.0, give_up_after=60.0, have_refresh=0.25)
+def fetch_config(spec: dict[str, Any]) -> FetchConfig | None:
+    """The product's (``PolicyFeed``'s) unless the spec says otherwise."""
+    given = spec.get("fetch")
+    return FetchConfig(**given) if given else None
 
 
 async def pub(spec: dict[str, Any]) -> None:
@@ -165,8 +167,10 @@ async def follow(node: Node, feed: PolicyFeed, i: int) -> None:
                     "rates": {str(p["peer"]): p["rate_mib_s"] for p in peers if p["shards"]},
                 }
             )
-        except Exception as exc:  # a failed fetch is a figure, not the end of the bench
+        except Exception as exc:  # as the worker does: back off, try the newest again
             say({"ev": "failed", "i": i, "v": version, "why": str(exc)[:300]})
+            await trio.sleep(1.0)
+            continue
         version += 1
 
 
@@ -192,58 +196,75 @@ def trace(feed: PolicyFeed, i: int) -> None:
     trio.lowlevel.spawn_system_task(wrap_later)
 
 
-async def lookup_ms(node: Node, role: str) -> float:
-    """One uncached role lookup as ``Membership.discover`` does it: providers, then adverts."""
+async def lookup(node: Node, role: str) -> tuple[float, int]:
+    """One uncached role lookup as ``Membership.discover`` does it (providers, then their
+    adverts): (milliseconds, members found with a valid advert)."""
     t0 = trio.current_time()
     peers = await node.overlay.find_providers(role_provider_key(node.run_id, role))  # type: ignore[arg-type]
+    found = 0
+
+    async def advert(peer: str) -> None:
+        nonlocal found
+        if await node.overlay.get_advert(node.run_id, peer) is not None:
+            found += 1
+
     async with trio.open_nursery() as nursery:
         for peer in peers:
             if peer != node.peer_id:
-                nursery.start_soon(node.overlay.get_advert, node.run_id, peer)
-    return (trio.current_time() - t0) * 1000
+                nursery.start_soon(advert, peer)
+    return (trio.current_time() - t0) * 1000, found
 
 
 async def group(spec: dict[str, Any], first: int, count: int) -> None:
     root = Path(spec["dir"])
     nodes: list[tuple[Node, PolicyFeed]] = []
-    async with AsyncExitStack() as stack:
-        nursery = await stack.enter_async_context(trio.open_nursery())
-        stack.callback(nursery.cancel_scope.cancel)
-        for i in range(first, first + count):
-            node = await stack.enter_async_context(
-                Node.start(node_config(spec, f"node-{i}", "inference"))
-            )
+
+    async def one(i: int, task_status: Any) -> None:
+        """Start node ``i`` and its feed, follow announcements; the nodes of a group start
+        concurrently (each start waits on the network, not the CPU)."""
+        async with Node.start(node_config(spec, f"node-{i}", "inference")) as node:
             feed = PolicyFeed(node, root / f"node-{i}" / "shards", fetch=fetch_config(spec))
-            await nursery.start(feed.run)
-            node.policy.on_change(
-                lambda s, i=i: say(  # type: ignore[misc]
-                    {"ev": "announced", "i": i, "v": s.message.version, "t": time.monotonic()}
+            async with trio.open_nursery() as inner:
+                await inner.start(feed.run)
+                node.policy.on_change(
+                    lambda s: say(
+                        {"ev": "announced", "i": i, "v": s.message.version, "t": time.monotonic()}
+                    )
                 )
-            )
-            nursery.start_soon(follow, node, feed, i)
-            if os.environ.get("SCALE_TRACE"):
-                trace(feed, i)
-            nodes.append((node, feed))
+                inner.start_soon(follow, node, feed, i)
+                if os.environ.get("SCALE_TRACE"):
+                    trace(feed, i)
+                nodes.append((node, feed))
+                task_status.started()
+
+    async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as starting:
+            for i in range(first, first + count):
+                starting.start_soon(nursery.start, one, i)
         say({"ev": "up"})
         async for cmd in commands():
             if cmd["cmd"] == "stats":
                 say({"ev": "stats", "nodes": [feed_stats(n, f) for n, f in nodes]})
-            elif cmd["cmd"] == "lookup":
-                ms = [
-                    await lookup_ms(node, role)
-                    for node, _ in nodes[: cmd.get("nodes", 2)]
-                    for role in ("trainer", "inference")
-                    for _ in range(cmd.get("rounds", 2))
-                ]
-                say({"ev": "lookup", "ms": ms})
+            elif cmd["cmd"] == "lookup":  # bounded: the answer comes within 30 s
+                ms: list[float] = []
+                trainer_found: list[int] = []
+                with trio.move_on_after(30):
+                    for node, _ in nodes[: cmd.get("nodes", 2)]:
+                        for role in ("trainer", "inference"):
+                            took, found = await lookup(node, role)
+                            ms.append(took)
+                            if role == "trainer":
+                                trainer_found.append(found)
+                say({"ev": "lookup", "ms": ms, "trainer_found": trainer_found})
             elif cmd["cmd"] == "single":  # one node fetches one version from the publisher only
                 node, feed = nodes[0]
                 assert feed.service is not None
                 t0 = time.monotonic()
                 result = await feed.service.fetch(
-                    int(cmd["v"]), config=fetch_config(spec), only=[cmd["from"]]
+                    int(cmd["v"]), config=feed.fetch_config, only=[cmd["from"]]
                 )
                 say({"ev": "single", "s": result.seconds, "wall_s": time.monotonic() - t0})
+        nursery.cancel_scope.cancel()
 
 
 def main() -> None:

@@ -31,6 +31,9 @@ class PeerStats:
     in_flight: int = 0
     dropped: bool = False
     last_error: str = ""
+    busy_until: float = 0.0
+    """Said all its upload slots were taken: not asked again before this time (no fault)."""
+    busy: int = 0
 
     def view(self) -> dict[str, object]:
         return {
@@ -42,6 +45,7 @@ class PeerStats:
             "failures": self.failures,
             "in_flight": self.in_flight,
             "dropped": self.dropped,
+            "busy": self.busy,
             "last_error": self.last_error,
         }
 
@@ -94,6 +98,12 @@ class PeerBoard:
         s.success = (1 - self.alpha) * s.success + self.alpha
         s.shards += 1
         s.bytes += nbytes
+
+    def record_busy(self, peer: str, until: float) -> None:
+        """The peer refused for want of a free upload slot: rest it until ``until``."""
+        s = self.stats[peer]
+        s.busy += 1
+        s.busy_until = until
 
     def record_failure(self, peer: str, reason: str, *, fatal: bool = False) -> bool:
         """Count a failure; returns ``True`` when the peer is now dropped for the version.
