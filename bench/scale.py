@@ -266,7 +266,8 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
             pub = await spawn(nursery, spec_path, "pub", "--role", "pub")
             procs.append(pub)
             with trio.fail_after(60):
-                pub_peer = (await pub.wait("up"))[0]["peer"]
+                pub_up = (await pub.wait("up"))[0]
+            pub_peer = pub_up["peer"]
             groups: list[Proc] = []
             per = max(1, args.per_process)
             for first in range(0, n, per):
@@ -290,7 +291,7 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
             await pub.send(cmd="cut", v=1, path=str(base / "v1.safetensors"))
             with trio.fail_after(120):
                 await pub.wait("cut")
-            await groups[0].send(cmd="single", v=1, **{"from": pub_peer})
+            await groups[0].send(cmd="single", v=1, addrs=pub_up["addrs"], **{"from": pub_peer})
             with trio.fail_after(120):
                 single = (await groups[0].wait("single"))[0]
             log(f"N={n}: single transfer {single['s']:.2f} s; publishing v2")

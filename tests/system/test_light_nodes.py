@@ -51,11 +51,12 @@ def _worked(name: str, status: dict[str, Any] | None) -> bool:
 
 
 def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
+    """Child processes of ``pid``, whichever of its threads started them."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            out += [int(p) for p in (task / "children").read_text().split()]
+    return out
 
 
 @pytest.fixture(scope="module")
