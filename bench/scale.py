@@ -292,8 +292,12 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
             with trio.fail_after(120):
                 await pub.wait("cut")
             await groups[0].send(cmd="single", v=1, addrs=pub_up["addrs"], **{"from": pub_peer})
-            with trio.fail_after(120):
-                single = (await groups[0].wait("single"))[0]
+            try:
+                with trio.fail_after(120):
+                    single = (await groups[0].wait("single"))[0]
+            finally:
+                for e in groups[0].events.get("single_retry", ()):
+                    log(f"N={n}: single transfer retried: {e['why'][:150]} {e['causes']}")
             log(f"N={n}: single transfer {single['s']:.2f} s; publishing v2")
 
             await pub.send(cmd="publish", v=2, path=str(base / "v2.safetensors"))

@@ -268,7 +268,11 @@ async def group(spec: dict[str, Any], first: int, count: int) -> None:
                             int(cmd["v"]), config=feed.fetch_config, only=[cmd["from"]]
                         )
                     except SwarmError as exc:
-                        say({"ev": "single_retry", "why": str(exc)[:300]})
+                        why, cause = [], exc.__cause__ or exc.__context__
+                        while cause is not None and len(why) < 4:
+                            why.append(repr(cause)[:200])
+                            cause = cause.__cause__ or cause.__context__
+                        say({"ev": "single_retry", "why": str(exc)[:300], "causes": why})
                         if attempt == 2:
                             raise
                         continue

@@ -198,6 +198,7 @@ class ShardcastService:
                 config=config,
                 on_progress=progress,
                 rng=random.Random(),
+                origins=self.genesis.message.trainers,
             )
         finally:
             source.close()

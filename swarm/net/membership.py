@@ -56,9 +56,6 @@ def authorize(
         )
 
 
-ADVERT_FETCHES = 8
-"""Adverts a discovery pass fetches at once."""
-
 WITHDRAWN_TTL_S = 2.0
 """Lifetime of the last advert of a node that stops serving its role (``withdraw``)."""
 
@@ -159,30 +156,21 @@ class Membership:
         return True
 
     async def discover(self) -> dict[str, list[str]]:
-        """Look every role up once; returns ``peers_by_role()``. The adverts of the providers
-        found are fetched ``ADVERT_FETCHES`` at a time: one after another, a node that joins a
-        swarm of N waited N DHT lookups (seconds each on a loaded box) for its full view."""
-        limit = trio.CapacityLimiter(ADVERT_FETCHES)
-
-        async def fetch(role: Role, peer: str) -> None:
-            async with limit:
-                signed = await self.overlay.get_advert(self.run_id, peer)
-            if signed is None or not self._accept(role, signed):
-                self.rejected_adverts += 1
-                return
-            known = self._peers.get(peer)
-            if known is None or known.message.issued_at < signed.message.issued_at:
-                if known is None:
-                    log.info("found %s %s at %s", role, peer, ", ".join(signed.message.addrs))
-                self._peers[peer] = signed
-                self.found.set()
-
+        """Look every role up once; returns ``peers_by_role()``."""
         for role in RUN_ROLES:
-            providers = await self.overlay.find_providers(role_provider_key(self.run_id, role))
-            async with trio.open_nursery() as nursery:
-                for peer in providers:
-                    if peer != self.key.peer_id and not self._fresh(peer):
-                        nursery.start_soon(fetch, role, peer)
+            for peer in await self.overlay.find_providers(role_provider_key(self.run_id, role)):
+                if peer == self.key.peer_id or self._fresh(peer):
+                    continue
+                signed = await self.overlay.get_advert(self.run_id, peer)
+                if signed is None or not self._accept(role, signed):
+                    self.rejected_adverts += 1
+                    continue
+                known = self._peers.get(peer)
+                if known is None or known.message.issued_at < signed.message.issued_at:
+                    if known is None:
+                        log.info("found %s %s at %s", role, peer, ", ".join(signed.message.addrs))
+                    self._peers[peer] = signed
+                    self.found.set()
         return self.peers_by_role()
 
     async def refresh(self, peer: str) -> Signed[RoleAdvert] | None:

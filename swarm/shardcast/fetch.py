@@ -135,13 +135,17 @@ class _Fetch:
         config: FetchConfig,
         rng: random.Random,
         on_progress: ProgressCallback | None,
+        origins: Sequence[str] = (),
     ) -> None:
         self.vf = vf
         self.m = vf.manifest
         self.source = source
         self.config = config
         self.board = PeerBoard(
-            failure_budget=config.failure_budget, explore=config.explore, rng=rng
+            failure_budget=config.failure_budget,
+            explore=config.explore,
+            rng=rng,
+            origins=frozenset(origins),
         )
         self.board.add(peers)
         self.holdings: dict[str, bytes | None] = {}
@@ -401,8 +405,10 @@ async def fetch_version(
     config: FetchConfig | None = None,
     on_progress: ProgressCallback | None = None,
     rng: random.Random | None = None,
+    origins: Sequence[str] = (),
 ) -> FetchResult:
     """Fetch ``manifest``'s version into ``store`` from ``peers``; resumes what is on disk.
+    ``origins``: the peers that published it (trainers), asked last for shards others hold.
 
     Returns when every shard is verified, fsynced and the version is marked complete (the
     caller then advertises it and serves it). Raises ``StorageError`` (no room, disk full),
@@ -413,7 +419,7 @@ async def fetch_version(
     with store.open(manifest) as vf:
         if not vf.complete:
             vf.preallocate()
-        job = _Fetch(vf, source, peers, config, rng or random.Random(), on_progress)
+        job = _Fetch(vf, source, peers, config, rng or random.Random(), on_progress, origins)
         if not vf.complete:
             await job.run()
             await trio.to_thread.run_sync(vf.mark_complete)
