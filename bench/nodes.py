@@ -34,6 +34,7 @@ from node import admin
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("bootstrap", "worker-0", "validator", "trainer")
+UP = [sys.executable, "-m", "cli.app", "up", "--workers", "1", "--no-cheater"]
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGESIZE")
 
@@ -81,7 +82,9 @@ def sample(pid: int) -> tuple[float, float]:
 
 def measure(pids: dict[str, int], window: float) -> dict[str, dict[str, Any]]:
     kids = {name: children(pid) for name, pid in pids.items()}
-    before = {name: (sample(pid)[1], sum(sample(k)[1] for k in kids[name])) for name, pid in pids.items()}
+    before = {
+        name: (sample(pid)[1], sum(sample(k)[1] for k in kids[name])) for name, pid in pids.items()
+    }
     time.sleep(window)
     out: dict[str, dict[str, Any]] = {}
     for name, pid in pids.items():
@@ -92,7 +95,9 @@ def measure(pids: dict[str, int], window: float) -> dict[str, dict[str, Any]]:
             "main_cpu_pct": round(100 * (cpu - before[name][0]) / window, 1),
             "children": len(child),
             "children_rss_mib": round(sum(c[0] for c in child), 1),
-            "children_cpu_pct": round(100 * (sum(c[1] for c in child) - before[name][1]) / window, 1),
+            "children_cpu_pct": round(
+                100 * (sum(c[1] for c in child) - before[name][1]) / window, 1
+            ),
         }
     return out
 
@@ -104,8 +109,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="swarm-nodes-")) / "up"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.app", "up", "--workers", "1", "--no-cheater"]
-        + ["--versions", "1000", "--minutes", "5", "--out", str(out)],
+        [*UP, "--versions", "1000", "--minutes", "5", "--out", str(out)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -136,13 +140,26 @@ def main() -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
     result = {"roles": figures, "window_s": args.window, "load_average": os.getloadavg()}
     table = Table(title="bench/nodes.py: each role's processes (swarm-node up, CPU)")
-    for col in ("process", "main RSS MiB", "main CPU %", "children", "children RSS MiB",
-                "children CPU %", "heavy modules in main"):
+    for col in (
+        "process",
+        "main RSS MiB",
+        "main CPU %",
+        "children",
+        "children RSS MiB",
+        "children CPU %",
+        "heavy modules in main",
+    ):
         table.add_column(col)
     for name, f in figures.items():
-        table.add_row(name, str(f["main_rss_mib"]), str(f["main_cpu_pct"]), str(f["children"]),
-                      str(f["children_rss_mib"]), str(f["children_cpu_pct"]),
-                      ", ".join(f["heavy_modules"]) or "none")
+        table.add_row(
+            name,
+            str(f["main_rss_mib"]),
+            str(f["main_cpu_pct"]),
+            str(f["children"]),
+            str(f["children_rss_mib"]),
+            str(f["children_cpu_pct"]),
+            ", ".join(f["heavy_modules"]) or "none",
+        )
     Console().print(table)
     print(f"load average {result['load_average']}")
     if args.json:

@@ -229,9 +229,9 @@ def kill_all(procs: list[Proc]) -> None:
 
 async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
     """One swarm of ``n`` nodes, measured and torn down."""
-    from node.run import create_genesis, write_genesis
     from scale_node import key_for
 
+    from node.run import create_genesis, write_genesis
     from swarm.messages import RunParams
 
     size, shard = args.size_mib * MIB, args.shard_mib * MIB
@@ -258,7 +258,9 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
             # Bootstrap peers: the second dials the first.
             spec["boot_addrs"] = []
             for i in range(2):
-                boot = await spawn(nursery, spec_path, f"boot-{i}", "--role", "boot", "--index", str(i))
+                boot = await spawn(
+                    nursery, spec_path, f"boot-{i}", "--role", "boot", "--index", str(i)
+                )
                 procs.append(boot)
                 with trio.fail_after(60):
                     spec["boot_addrs"].append((await boot.wait("up"))[0]["addr"])
@@ -273,8 +275,15 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
             for first in range(0, n, per):
                 count = min(per, n - first)
                 g = await spawn(
-                    nursery, spec_path, f"group-{first}",
-                    "--role", "group", "--index", str(first), "--count", str(count),
+                    nursery,
+                    spec_path,
+                    f"group-{first}",
+                    "--role",
+                    "group",
+                    "--index",
+                    str(first),
+                    "--count",
+                    str(count),
                 )
                 groups.append(g)
                 procs.append(g)
@@ -310,7 +319,9 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 if done >= n:
                     break
                 await trio.sleep(0.2)
-            announced = [e["t"] - t_ann for g in groups for e in g.events.get("announced", ()) if e["v"] == 2]
+            announced = [
+                e["t"] - t_ann for g in groups for e in g.events.get("announced", ()) if e["v"] == 2
+            ]
             fetched_ev = [e for g in groups for e in g.events.get("fetched", ()) if e["v"] == 2]
             failures = [e["why"] for g in groups for e in g.events.get("failed", ()) if e["v"] == 2]
             if fetched_ev:
@@ -320,7 +331,10 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
             for what in ("providers", "advertise"):
                 ts = sorted(e["s"] for e in traces if e["what"] == what)
                 if ts:
-                    log(f"N={n}: {what} {len(ts)} calls, median {statistics.median(ts):.2f} s, max {ts[-1]:.2f} s")
+                    log(
+                        f"N={n}: {what} {len(ts)} calls, median"
+                        f" {statistics.median(ts):.2f} s, max {ts[-1]:.2f} s"
+                    )
             log(f"N={n}: {len(fetched_ev)}/{n} fetched, {len(failures)} failed; lookups")
 
             for g in groups:
@@ -370,7 +384,8 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
         idle_cpu_pct_per_node=100 * idle_cpu / n,
         publisher_rss_mib=pub_usage[0],
         publisher_cpu_s=pub_usage[1],
-        origin_share_received=from_origin / max(1, sum(sum(e["from"].values()) for e in fetched_ev)),
+        origin_share_received=from_origin
+        / max(1, sum(sum(e["from"].values()) for e in fetched_ev)),
         mesh_per_node=statistics.fmean(s["mesh"] for s in node_stats) if node_stats else 0,
         fetch_failures=failures[:5],
         fetch_retries=len(failures),
@@ -393,8 +408,19 @@ def render(runs: dict[str, dict[str, Any]]) -> None:
     for n in runs:
         table.add_column(f"N={n}", justify="right")
     rows = [
-        ("announce p50/p95/p100 s", lambda r: f"{r['announce_p50_s']:.2f} / {r['announce_p95_s']:.2f} / {r['announce_p100_s']:.2f}"),
-        ("shards p50/p95/p100 s", lambda r: f"{r['shards_p50_s']:.1f} / {r['shards_p95_s']:.1f} / {r['shards_p100_s']:.1f}"),
+        (
+            "announce p50/p95/p100 s",
+            lambda r: (
+                f"{r['announce_p50_s']:.2f} / {r['announce_p95_s']:.2f}"
+                f" / {r['announce_p100_s']:.2f}"
+            ),
+        ),
+        (
+            "shards p50/p95/p100 s",
+            lambda r: (
+                f"{r['shards_p50_s']:.1f} / {r['shards_p95_s']:.1f} / {r['shards_p100_s']:.1f}"
+            ),
+        ),
         ("single transfer s", lambda r: f"{r['single_transfer_s']:.2f}"),
         ("shards p95 / single", lambda r: f"{r['shards_p95_over_single']:.1f}"),
         ("origin share", lambda r: f"{r['origin_share']:.1%}"),
@@ -402,7 +428,10 @@ def render(runs: dict[str, dict[str, Any]]) -> None:
         ("RSS MiB / node", lambda r: f"{r['rss_mib_per_node']:.0f}"),
         ("CPU s / node", lambda r: f"{r['cpu_s_per_node']:.1f}"),
         ("idle CPU % / node", lambda r: f"{r['idle_cpu_pct_per_node']:.1f}"),
-        ("connections / node (max)", lambda r: f"{r['connections_per_node']:.1f} ({r['connections_per_node_max']})"),
+        (
+            "connections / node (max)",
+            lambda r: f"{r['connections_per_node']:.1f} ({r['connections_per_node_max']})",
+        ),
         ("nodes per process", lambda r: str(r["nodes_per_process"])),
         ("wall s", lambda r: f"{r['wall_s']:.0f}"),
     ]

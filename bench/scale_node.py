@@ -19,12 +19,12 @@ loop. What the bench adds lives here and nowhere in the product:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
 import sys
 import time
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -131,15 +131,15 @@ async def pub(spec: dict[str, Any]) -> None:
                 from swarm.shardcast import publish
 
                 version = int(cmd["v"])
-                await trio.to_thread.run_sync(
-                    lambda: publish(
-                        Path(cmd["path"]),
-                        key=node.key,
-                        genesis=node.config.genesis,
-                        version=version,
-                        store=feed.store,
-                    )
+                cut = functools.partial(
+                    publish,
+                    Path(cmd["path"]),
+                    key=node.key,
+                    genesis=node.config.genesis,
+                    version=version,
+                    store=feed.store,
                 )
+                await trio.to_thread.run_sync(cut)
                 assert feed.service is not None
                 await feed.service.advertise(version)
                 say({"ev": "cut", "v": version})
@@ -163,7 +163,9 @@ async def follow(node: Node, feed: PolicyFeed, i: int) -> None:
                     "i": i,
                     "v": version,
                     "t": time.monotonic(),
-                    "fetch_s": feed.service.progress.elapsed if feed.service and feed.service.progress else None,
+                    "fetch_s": feed.service.progress.elapsed
+                    if feed.service and feed.service.progress
+                    else None,
                     "from": {str(p["peer"]): p["bytes"] for p in peers if p["bytes"]},
                     "rates": {str(p["peer"]): p["rate_mib_s"] for p in peers if p["shards"]},
                 }

@@ -4,8 +4,9 @@ A node stores its RoleAdvert in the DHT under ``/swarm-node/<run>/advert/<peer>`
 itself as a provider of its role's key; both are refreshed well before the advert expires (a
 third of its lifetime, and again whenever our DHT routing table has doubled since we last
 published: records stored while the network was small sit at the peers that were closest then,
-and a lookup asks only the peers closest now (``_grown``; without it 70% of 25 nodes never found
-a trainer that joined before them, docs/BENCHMARKS.md, Scale). Lookups go the other way: providers of a role's key, then each
+and a lookup asks only the peers closest now (``_grown``; without it, on 25 loopback nodes,
+some never found a trainer that joined before them: docs/BENCHMARKS.md, Scale). Lookups go the
+other way: providers of a role's key, then each
 provider's advert, checked again here (signed by the peer it describes, unexpired, the role it
 was found under, and for trainers and validators named by the genesis), because provider records
 are unsigned and anyone may claim to provide any key.

@@ -63,8 +63,18 @@ def _children(pid: int) -> list[int]:
 def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
     out = tmp_path_factory.mktemp("light") / "up"
     proc = subprocess.Popen(
-        [*UP, "--workers", "1", "--no-cheater", "--versions", "100", "--minutes", "4"]
-        + ["--out", str(out)],
+        [
+            *UP,
+            "--workers",
+            "1",
+            "--no-cheater",
+            "--versions",
+            "100",
+            "--minutes",
+            "4",
+            "--out",
+            str(out),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
@@ -82,7 +92,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[s
             time.sleep(1)
         missing = set(names) - set(seen)
         assert not missing, f"no work seen from {missing} within 240 s"
-        for name, status in seen.items():  # the compute children, while they still run
+        for status in seen.values():  # the compute children, while they still run
             status["child_maps"] = [
                 Path(f"/proc/{child}/maps").read_text()
                 for child in _children(status["process"]["pid"])
@@ -112,9 +122,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[s
         pytest.param("trainer", marks=pytest.mark.skip(reason="enable after the j13a merge")),
     ],
 )
-def test_main_process_loads_no_heavy_package(
-    swarm: dict[str, dict[str, Any]], name: str
-) -> None:
+def test_main_process_loads_no_heavy_package(swarm: dict[str, dict[str, Any]], name: str) -> None:
     process = swarm[name]["process"]
     assert process["heavy_modules"] == [], f"{name} main process loaded {process}"
     maps = Path(f"/proc/{process['pid']}/maps")
@@ -124,9 +132,7 @@ def test_main_process_loads_no_heavy_package(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["worker-0", "validator"])
-def test_the_model_lives_in_the_compute_child(
-    swarm: dict[str, dict[str, Any]], name: str
-) -> None:
+def test_the_model_lives_in_the_compute_child(swarm: dict[str, dict[str, Any]], name: str) -> None:
     assert any("libtorch" in maps for maps in swarm[name]["child_maps"]), (
         f"no child of {name} has torch loaded: the check above could not tell light from heavy"
     )
