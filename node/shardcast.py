@@ -146,11 +146,15 @@ class ShardcastService:
         and on 25 loopback nodes the lookup took 2.9 s (median) before the first byte moved
         (docs/BENCHMARKS.md, Scale); the connected peers are the ones that trade shards."""
         by_role = self.node.peers_by_role()
-        found: list[str] = list(by_role.get("trainer", []))
+        # The genesis trainers we are connected to count even before their adverts are read
+        # (on a loaded 50-node swarm, discovery had not reached them when a version came).
+        connected = set(self.node.overlay.connected_peers())
+        trainers = [p for p in self.genesis.message.trainers if p in connected]
+        found: list[str] = [*by_role.get("trainer", []), *trainers]
         # Every run peer we know may hold verified shards (bootstrap peers serve none).
         run_peers = {p for role, peers in by_role.items() if role != "bootstrap" for p in peers}
         found += [p for p in self.node.overlay.connected_peers() if p in run_peers]
-        trainer_known = bool(by_role.get("trainer"))
+        trainer_known = bool(by_role.get("trainer") or trainers)
         if version is not None and (len(set(found)) < ENOUGH_PROVIDERS or not trainer_known):
             try:
                 found += await self.node.overlay.find_providers(
