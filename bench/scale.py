@@ -287,6 +287,7 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 )
                 groups.append(g)
                 procs.append(g)
+                await trio.sleep(args.stagger)  # contributors do not all join in one second
             with trio.fail_after(args.start_timeout):
                 for g in groups:
                     await g.wait("up")
@@ -476,6 +477,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--shard-mib", type=int, default=4)
     parser.add_argument("--per-process", type=int, default=10)
     parser.add_argument("--settle", type=float, default=10.0)
+    parser.add_argument("--stagger", type=float, default=3.0, help="s between node processes")
     parser.add_argument("--start-timeout", type=float, default=180.0)
     parser.add_argument("--fetch-timeout", type=float, default=120.0)
     parser.add_argument("--lookup-nodes", type=int, default=2)

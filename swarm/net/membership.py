@@ -254,6 +254,7 @@ class Membership:
         """Publish now and keep advert, provider record and peer list fresh until cancelled."""
         refresh_every = self.config.advert_ttl_s / 3
         next_refresh = trio.current_time() + (refresh_every if self.mine else 0.0)
+        quiet = 0
         while True:
             due = trio.current_time() >= next_refresh or (self.mine is not None and self._grown())
             if due and not self.withdrawn:
@@ -264,5 +265,11 @@ class Membership:
                     log.warning("refreshing our RoleAdvert failed (%s); retrying soon", exc)
                     next_refresh = trio.current_time() + min(5.0, refresh_every)
                 await self.check_duplicate()
+            known = len(self._peers)
             await self.discover()
-            await trio.sleep(self.config.discover_every_s)
+            # Back off while nothing new turns up (3 s, 6 s, ... up to 8x): every node's
+            # discovery asks the DHT for 3 roles, and with all 100 nodes of a swarm asking
+            # every 3 s the bootstrap peers, which hold the records early on, stopped answering
+            # (docs/BENCHMARKS.md, Scale). Something new found starts again at the base pace.
+            quiet = 0 if len(self._peers) != known else min(quiet + 1, 3)
+            await trio.sleep(self.config.discover_every_s * 2**quiet)
