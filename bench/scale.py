@@ -270,6 +270,24 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
             with trio.fail_after(60):
                 pub_up = (await pub.wait("up"))[0]
             pub_peer = pub_up["peer"]
+            # One transfer between two nodes, nothing else running: the publisher and a
+            # probe node of its own process (stopped before the N nodes start).
+            probe = await spawn(nursery, spec_path, "probe", "--role", "group", "--index", "999")
+            procs.append(probe)
+            with trio.fail_after(60):
+                await probe.wait("up")
+            await pub.send(cmd="cut", v=1, path=str(base / "v1.safetensors"))
+            with trio.fail_after(120):
+                await pub.wait("cut")
+            await probe.send(cmd="single", v=1, addrs=pub_up["addrs"], **{"from": pub_peer})
+            try:
+                with trio.fail_after(120):
+                    single = (await probe.wait("single"))[0]
+            finally:
+                for e in probe.events.get("single_retry", ()):
+                    log(f"N={n}: single transfer retried: {e['why'][:150]} {e['causes']}")
+                kill_all([probe])
+            log(f"N={n}: single transfer {single['s']:.2f} s; starting {n} nodes")
             groups: list[Proc] = []
             per = max(1, args.per_process)
             for first in range(0, n, per):
@@ -293,22 +311,10 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
                     await g.wait("up")
             log(f"N={n}: {n} nodes up in {time.monotonic() - began:.1f} s; settling")
             await trio.sleep(args.settle)
-
-            # Idle CPU, then a single transfer (publisher -> one node, nothing else moving).
             before = [p.usage()[1] for p in groups]
             await trio.sleep(5)
             idle_cpu = sum(p.usage()[1] - b for p, b in zip(groups, before, strict=True)) / 5
-            await pub.send(cmd="cut", v=1, path=str(base / "v1.safetensors"))
-            with trio.fail_after(120):
-                await pub.wait("cut")
-            await groups[0].send(cmd="single", v=1, addrs=pub_up["addrs"], **{"from": pub_peer})
-            try:
-                with trio.fail_after(120):
-                    single = (await groups[0].wait("single"))[0]
-            finally:
-                for e in groups[0].events.get("single_retry", ()):
-                    log(f"N={n}: single transfer retried: {e['why'][:150]} {e['causes']}")
-            log(f"N={n}: single transfer {single['s']:.2f} s; publishing v2")
+            log(f"N={n}: publishing v2")
 
             await pub.send(cmd="publish", v=2, path=str(base / "v2.safetensors"))
             with trio.fail_after(120):
