@@ -32,7 +32,7 @@ from typing import Any
 
 import trio
 from libp2p.host.ping import PingService
-from libp2p.kad_dht.kad_dht import PROTOCOL_ID as KAD_PROTOCOL
+from libp2p.kad_dht.common import PROTOCOL_ID as KAD_PROTOCOL
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
