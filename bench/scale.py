@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--settle", type=float, default=10.0)
     parser.add_argument("--stagger", type=float, default=3.0, help="s between node processes")
     parser.add_argument("--start-timeout", type=float, default=180.0)
-    parser.add_argument("--fetch-timeout", type=float, default=120.0)
+    parser.add_argument("--fetch-timeout", type=float, default=90.0)
     parser.add_argument("--lookup-nodes", type=int, default=2)
     parser.add_argument("--dir", default=None)
     parser.add_argument("--json", default=None)
