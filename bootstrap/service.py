@@ -28,6 +28,7 @@ from typing import Any
 
 import trio
 
+from swarm import process
 from swarm.errors import SwarmError
 from swarm.identity import NodeKey
 from swarm.ledger import LedgerStore
@@ -220,4 +221,5 @@ class BootstrapPeer:
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "gossip": self.stats.as_dict(),
             "relay": self.overlay.relay_hop.status() if self.overlay.relay_hop else None,
+            "process": process.usage(),
         }

@@ -60,7 +60,7 @@ class PolicyFeed:
         self.store = ShardStore(root, keep=params.async_level + 2, max_disk=max_disk)
         self.data_channel = data_channel
         self.fetch_config = fetch or FetchConfig(
-            stall_timeout=10.0, give_up_after=30.0, have_refresh=0.25
+            stall_timeout=10.0, give_up_after=30.0, have_refresh=0.5
         )
         self.catch_up_every_s = catch_up_every_s
         self.refresh_every_s = refresh_every_s

@@ -31,6 +31,7 @@ import trio
 
 from node import admin
 from node.home import NodeHome
+from swarm import process
 from swarm.errors import ConfigError, NotAuthorizedError, SwarmError
 from swarm.identity import NodeKey
 from swarm.messages import PolicyAnnouncement, Role, RunGenesis, Signed, decode_any, run_id_of, sign
@@ -412,6 +413,7 @@ class Node:
             "policy_conflicts": [c.as_dict() for c in self.policy.conflicts],
             "rejected_adverts": self.membership.rejected_adverts,
             "warnings": list(self.membership.duplicate_warnings),
+            "process": process.usage(),
             **{name: section() for name, section in self.status_extras.items()},
         }
 

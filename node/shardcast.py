@@ -36,6 +36,15 @@ from swarm.shardcast.streams import StreamShardSource, serve_shardcast
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
+ENOUGH_PROVIDERS = 8
+UPLOAD_SLOTS = 4
+"""Spans a node sends at once (``ShardServer.max_uploads``); more askers are told it is busy."""
+MAX_SOURCES = 8
+"""Peers other than the trainers that one fetch asks (``have`` every ``have_refresh`` s each):
+a random sample of the candidates, so the polling a swarm does grows with N, not with N x
+its connections."""
+"""Known candidate holders (trainers, connected run peers) above which a fetch does not look
+the version's provider records up in the DHT."""
 
 
 def shard_root(home: Path, run_id: str) -> Path:
@@ -84,6 +93,8 @@ class ShardcastService:
     )
     """Shards fetched over each path since start, and data channel offers refused."""
     last_fetch: dict[str, Any] | None = None
+    background: trio.Nursery | None = None
+    """Where provider records are published after a fetch (``start`` sets it)."""
 
     @classmethod
     @asynccontextmanager
@@ -95,17 +106,19 @@ class ShardcastService:
         *,
         data_channel: DataChannelConfig | None = None,
         advertised_host: str | None = None,
+        upload_slots: int | None = UPLOAD_SLOTS,
     ) -> AsyncIterator[ShardcastService]:
         """Serve ``store`` on ``node`` (streams, plus a data channel unless
-        ``data_channel`` is ``None``) until the block ends."""
-        server = ShardServer(store)
+        ``data_channel`` is ``None``) until the block ends; at most ``upload_slots`` spans
+        at once (``None``: no limit)."""
+        server = ShardServer(store, max_uploads=upload_slots)
         async with trio.open_nursery() as nursery:
             channel = None
             if data_channel is not None:
                 channel = DataChannelServer(server, data_channel)
                 await nursery.start(channel.run)
             serve_shardcast(node, server, channel, advertised_host)
-            service = cls(node, genesis, store, server, channel)
+            service = cls(node, genesis, store, server, channel, background=nursery)
             try:
                 yield service
             finally:
@@ -124,21 +137,31 @@ class ShardcastService:
             log.warning("could not advertise version %d: %s", version, exc)
 
     async def providers(self, version: int | None) -> list[str]:
-        """Peers that may hold ``version``: its provider records, the trainers, and every
-        connected peer (asking costs one small request each)."""
-        found: list[str] = []
-        if version is not None:
+        """Peers that may hold ``version``: the trainers, every connected run peer (asking
+        costs one small request each), and its provider records when those are fewer than
+        ``ENOUGH_PROVIDERS`` or no trainer is known yet.
+
+        The DHT lookup is skipped for a node well connected in the run: right after an
+        announcement the records name the trainer alone (holders advertise once complete),
+        and on 25 loopback nodes the lookup took 2.9 s (median) before the first byte moved
+        (docs/BENCHMARKS.md, Scale); the connected peers are the ones that trade shards."""
+        by_role = self.node.peers_by_role()
+        # The genesis trainers we are connected to count even before their adverts are read
+        # (on a loaded 50-node swarm, discovery had not reached them when a version came).
+        connected = set(self.node.overlay.connected_peers())
+        trainers = [p for p in self.genesis.message.trainers if p in connected]
+        found: list[str] = [*by_role.get("trainer", []), *trainers]
+        # Every run peer we know may hold verified shards (bootstrap peers serve none).
+        run_peers = {p for role, peers in by_role.items() if role != "bootstrap" for p in peers}
+        found += [p for p in self.node.overlay.connected_peers() if p in run_peers]
+        trainer_known = bool(by_role.get("trainer") or trainers)
+        if version is not None and (len(set(found)) < ENOUGH_PROVIDERS or not trainer_known):
             try:
                 found += await self.node.overlay.find_providers(
                     version_provider_key(self.run_id, version)
                 )
             except NetworkError as exc:
                 log.debug("provider lookup failed: %s", exc)
-        by_role = self.node.peers_by_role()
-        found += by_role.get("trainer", [])
-        # Every run peer we know may hold verified shards (bootstrap peers serve none).
-        run_peers = {p for role, peers in by_role.items() if role != "bootstrap" for p in peers}
-        found += [p for p in self.node.overlay.connected_peers() if p in run_peers]
         me = self.node.peer_id
         return [p for p in dict.fromkeys(found) if p != me]
 
@@ -152,7 +175,7 @@ class ShardcastService:
     ) -> FetchResult:
         """Fetch ``version`` (default: the newest any provider holds), then advertise it.
         ``only``: fetch from these peers and no others (``shardcast fetch --from``)."""
-        peers = list(only) or await self.providers(version)
+        peers = list(only) or self._sample(await self.providers(version))
         if not peers:
             raise PeerError(
                 "no provider of the policy is known yet: no trainer or connected peer;"
@@ -164,7 +187,7 @@ class ShardcastService:
                 source, peers, self.genesis, version
             )
             if version is None and not only:
-                peers = await self.providers(manifest.message.version)
+                peers = self._sample(await self.providers(manifest.message.version))
 
             def progress(p: FetchProgress) -> None:
                 self.progress = p
@@ -179,12 +202,26 @@ class ShardcastService:
                 config=config,
                 on_progress=progress,
                 rng=random.Random(),
+                origins=self.genesis.message.trainers,
             )
         finally:
             source.close()
             self._count_paths(source, version, peers)
-        await self.advertise(manifest.message.version)
+        # The provider record is best effort and takes a DHT walk (seconds under load): the
+        # copy is usable, and served to connected peers, before it is published.
+        if self.background is not None:
+            self.background.start_soon(self.advertise, manifest.message.version)
+        else:
+            await self.advertise(manifest.message.version)
         return result
+
+    def _sample(self, peers: list[str]) -> list[str]:
+        """The trainers among ``peers`` and at most ``MAX_SOURCES`` of the others, at random."""
+        trainers = set(self.genesis.message.trainers)
+        others = [p for p in peers if p not in trainers]
+        if len(others) > MAX_SOURCES:
+            others = random.sample(others, MAX_SOURCES)
+        return [p for p in peers if p in trainers] + others
 
     def path_to(self, peer: str) -> str:
         """ "direct", "relayed" (only a circuit through a relay) or "none" (not connected)."""

@@ -17,6 +17,7 @@ from swarm.errors import PeerError
 from swarm.identity import NodeKey
 from swarm.messages import RunGenesis, RunParams, ShardManifest, Signed
 from swarm.shardcast import ShardNotHeld, ShardSink, ShardStore, publish
+from swarm.shardcast.source import PeerBusy
 
 
 def key(name: str) -> NodeKey:
@@ -62,7 +63,8 @@ def published(
 
 @dataclass
 class MemoryPeer:
-    """A provider in memory. ``mode``: ok, corrupt, truncate, stall, die, refuse."""
+    """A provider in memory. ``mode``: ok, corrupt, truncate, stall, die, refuse, busy (its
+    first ``busy`` pulls are refused with ``PeerBusy``)."""
 
     data: bytes
     manifest_raw: bytes
@@ -70,6 +72,7 @@ class MemoryPeer:
     held: set[int] | None = None  # None: every shard
     chunk: int = 4096
     served: list[int] = field(default_factory=list)
+    busy: int = 0
 
 
 class MemorySource:
@@ -98,6 +101,9 @@ class MemorySource:
             raise ShardNotHeld(f"{peer} lacks shard {index}")
         if p.mode == "refuse":
             raise PeerError(f"{peer} refused")
+        if p.busy > 0:
+            p.busy -= 1
+            raise PeerBusy(f"busy: {peer} has no free upload slot")
         start, length = self.m.shard_span(index)
         body = bytearray(p.data[start : start + length])
         if p.mode == "corrupt":

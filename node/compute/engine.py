@@ -25,11 +25,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-
 from swarm.errors import EngineError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy only in annotations: the main process never loads it (~20 MiB)
+    import numpy as np
+
     from node.model.text import ModelText
     from node.verify import SampleClaim, SampleVerdict, VerifySettings
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -31,7 +31,6 @@ from node.roles.cheats import Rogue
 from node.roles.claims import ClaimBook
 from node.roles.evidence import EvidenceService
 from node.roles.ledger_sync import LedgerReplica
-from node.roles.trainer import Trainer, heavy_modules
 from node.roles.validator import Validator
 from node.roles.worker import InferenceWorker, Tamper
 from node.run import suite_for
@@ -41,6 +40,9 @@ from swarm.evidence import EvidenceStore
 from swarm.ledger import LedgerStore
 from swarm.net import PolicyConflict
 from swarm.net.gossip import POLICY_CONFLICT
+
+if TYPE_CHECKING:  # the trainer's modules (numpy, its child's plumbing) only on a trainer
+    from node.roles.trainer import Trainer
 
 EngineFactory = Callable[[], Engine]
 
@@ -129,7 +131,6 @@ class RoleHandle:
                 "rollbacks": t.stats.rollbacks,
                 "published_at": t.stats.published_at,
                 "busy_s": round(t.stats.busy_seconds, 3),
-                "heavy_modules": heavy_modules(),
             }
             if t.stats.group is not None:
                 out["trainer"]["group"] = vars(t.stats.group)
@@ -208,6 +209,8 @@ async def launch(
                 assets.model_dir, compute, chat_template=chat
             )
             if node.role == "trainer":
+                from node.roles.trainer import Trainer
+
                 # Small models train fastest on one thread, and a busy box has no spare core.
                 handle.trainer = Trainer(
                     node,

@@ -10,8 +10,8 @@ Decisions this module owns:
 - **Light process**: the model, its tokenizer and chat template, the optimizer, checkpoints,
   each version's safetensors and (several trainers) hivemind live in the training child
   (``node.compute.train_child``), which tokenizes the queued prompts when it trains them. This
-  process imports none of torch, transformers or hivemind (``heavy_modules`` shows it), so a busy
-  child never delays a validator's hand-off.
+  process imports none of torch, transformers or hivemind (``status`` shows it:
+  ``process.heavy_modules``), so a busy child never delays a validator's hand-off.
 - **Version 0** is the model card's weights file, byte for byte (every node checks it): the
   trainer checks its model directory against the card and publishes that file as v0.
 - **Archive** (``_prune_policies``): published weights stay while they fit
@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import math
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -62,14 +61,6 @@ log = logging.getLogger(__name__)
 POLICY_ARCHIVE_BYTES = 1 << 30
 """Published weights kept in ``policies/`` (and served by SHARDCAST, as many versions as fit
 this budget) so that audits can replay old verdicts."""
-HEAVY_MODULES = ("torch", "transformers", "sympy", "math_verify", "hivemind")
-"""What no role's node process may import (they live in the compute children)."""
-
-
-def heavy_modules() -> list[str]:
-    """Which of ``HEAVY_MODULES`` this process has imported (``status`` shows it; empty)."""
-    return [m for m in HEAVY_MODULES if m in sys.modules]
-
 
 class Trainer:
     def __init__(

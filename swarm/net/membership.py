@@ -2,7 +2,11 @@
 
 A node stores its RoleAdvert in the DHT under ``/swarm-node/<run>/advert/<peer>`` and announces
 itself as a provider of its role's key; both are refreshed well before the advert expires (a
-third of its lifetime). Lookups go the other way: providers of a role's key, then each
+third of its lifetime, and again whenever our DHT routing table has doubled since we last
+published: records stored while the network was small sit at the peers that were closest then,
+and a lookup asks only the peers closest now (``_grown``; without it, on 25 loopback nodes,
+some never found a trainer that joined before them: docs/BENCHMARKS.md, Scale). Lookups go the
+other way: providers of a role's key, then each
 provider's advert, checked again here (signed by the peer it describes, unexpired, the role it
 was found under, and for trainers and validators named by the genesis), because provider records
 are unsigned and anyone may claim to provide any key.
@@ -85,6 +89,8 @@ class Membership:
         self.rejected_adverts = 0
         self.duplicate_warnings: list[str] = []
         self.found = trio.Event()
+        self._published_at_size = 0
+        """Our routing table's size when we last published (see ``_grown``)."""
         self.withdrawn = False
         """``withdraw()`` was called: our advert is no longer refreshed."""
 
@@ -120,10 +126,24 @@ class Membership:
     async def publish(self) -> Signed[RoleAdvert]:
         """Store a fresh advert and our provider record for our role."""
         signed = self.make_advert()
+        self._published_at_size = self._table_size()
         await self.overlay.put_advert(signed)
         await self.overlay.provide(role_provider_key(self.run_id, self.role))
         self.mine = signed
         return signed
+
+    def _table_size(self) -> int:
+        try:
+            return int(self.overlay.dht.get_routing_table_size())
+        except Exception:  # a test double without a DHT
+            return 0
+
+    def _grown(self) -> bool:
+        """The routing table doubled (by 4 peers at least) since our records were placed: the
+        peers closest to our keys are likely others now, so place them again. A node
+        republishes O(log N) times while the swarm grows to N, then only on the refresh."""
+        size = self._table_size()
+        return size >= max(2 * self._published_at_size, self._published_at_size + 4)
 
     def _accept(self, raw_role: Role, signed: Signed[RoleAdvert]) -> bool:
         advert = signed.message
@@ -234,8 +254,10 @@ class Membership:
         """Publish now and keep advert, provider record and peer list fresh until cancelled."""
         refresh_every = self.config.advert_ttl_s / 3
         next_refresh = trio.current_time() + (refresh_every if self.mine else 0.0)
+        quiet = 0
         while True:
-            if trio.current_time() >= next_refresh and not self.withdrawn:
+            due = trio.current_time() >= next_refresh or (self.mine is not None and self._grown())
+            if due and not self.withdrawn:
                 try:
                     await self.publish()
                     next_refresh = trio.current_time() + refresh_every
@@ -243,5 +265,11 @@ class Membership:
                     log.warning("refreshing our RoleAdvert failed (%s); retrying soon", exc)
                     next_refresh = trio.current_time() + min(5.0, refresh_every)
                 await self.check_duplicate()
+            known = len(self._peers)
             await self.discover()
-            await trio.sleep(self.config.discover_every_s)
+            # Back off while nothing new turns up (3 s, 6 s, ... up to 8x): every node's
+            # discovery asks the DHT for 3 roles, and with all 100 nodes of a swarm asking
+            # every 3 s the bootstrap peers, which hold the records early on, stopped answering
+            # (docs/BENCHMARKS.md, Scale). Something new found starts again at the base pace.
+            quiet = 0 if len(self._peers) != known else min(quiet + 1, 3)
+            await trio.sleep(self.config.discover_every_s * 2**quiet)

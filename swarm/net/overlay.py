@@ -32,6 +32,7 @@ from typing import Any
 
 import trio
 from libp2p.host.ping import PingService
+from libp2p.kad_dht.common import PROTOCOL_ID as KAD_PROTOCOL
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
@@ -104,6 +105,12 @@ def _bind_error(listen: str) -> str | None:
     except OSError as exc:
         return exc.strerror or str(exc)
     return None
+
+
+async def _reset_stream(stream: Any) -> None:
+    """A KAD stream opened to us in client mode: refused."""
+    with contextlib.suppress(Exception):
+        await stream.reset()
 
 
 class Overlay:
@@ -295,6 +302,12 @@ class Overlay:
                 self.reach.reason,
             )
             await self.dht.switch_mode(DHTMode.CLIENT)
+            # py-libp2p 0.8.1 removes the KAD handler while another peer's stream may be
+            # negotiating it (multiselect checks the handler, awaits, then indexes it): a
+            # KeyError that ended a whole 10-node process in bench/scale.py at N = 100. A
+            # handler that resets the stream keeps the key; switching back replaces it.
+            # switch_mode does not yield, so no stream sees the gap.
+            self.host.set_stream_handler(KAD_PROTOCOL, _reset_stream)
         elif (
             self.reach.status == "public"
             and self.dht.mode != DHTMode.SERVER

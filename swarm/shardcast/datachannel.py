@@ -10,7 +10,8 @@ Wire format (all integers big-endian)::
     hello     b"SHC1" + token (16 bytes)              -> status
     request   version u64, index u32, offset u64, length u64 (28 bytes)
                                                        -> status, then for OK: length u64 + bytes
-    status    u8: 0 OK; 1 REFUSED / 2 NOT_HELD, each followed by u16 n + n bytes of UTF-8 reason
+    status    u8: 0 OK; 1 REFUSED / 2 NOT_HELD / 3 BUSY (every upload slot taken), each followed
+              by u16 n + n bytes of UTF-8 reason
 
 A refused request (unknown version, absurd index or span) leaves the connection usable; a bad
 hello or a malformed request closes it. The server bounds connections, idle time and the time
@@ -38,14 +39,14 @@ from swarm.errors import (
     SwarmError,
 )
 from swarm.shardcast.serve import TOKEN_BYTES, ShardServer
-from swarm.shardcast.source import ShardNotHeld, ShardSink
+from swarm.shardcast.source import PeerBusy, ShardNotHeld, ShardSink
 
 MAGIC = b"SHC1"
 _HELLO = struct.Struct(f">4s{TOKEN_BYTES}s")
 _REQUEST = struct.Struct(">QIQQ")
 _LENGTH = struct.Struct(">Q")
 _REASON = struct.Struct(">H")
-OK, REFUSED, NOT_HELD = 0, 1, 2
+OK, REFUSED, NOT_HELD, BUSY = 0, 1, 2, 3
 _SEND_CHUNK = 4 * 1024 * 1024
 _RECV_CHUNK = 1024 * 1024
 
@@ -150,15 +151,22 @@ class DataChannelServer:
             version, index, offset, length = _REQUEST.unpack(head)
             try:
                 span = self.shards.span(version, index, offset, length)
+                self.shards.take_slot()
+            except PeerBusy as exc:
+                await _send_status(stream, BUSY, str(exc))
+                continue
             except ShardNotHeld as exc:
                 await _send_status(stream, NOT_HELD, str(exc))
                 continue
             except SwarmError as exc:
                 await _send_status(stream, REFUSED, str(exc))
                 continue
-            await stream.send_all(bytes([OK]) + _LENGTH.pack(span.length))
-            with trio.fail_after(self.config.send_timeout):
-                await self._sendfile(stream, span.fd, span.offset, span.length)
+            try:
+                await stream.send_all(bytes([OK]) + _LENGTH.pack(span.length))
+                with trio.fail_after(self.config.send_timeout):
+                    await self._sendfile(stream, span.fd, span.offset, span.length)
+            finally:
+                self.shards.release_slot()
             self.shards.served_bytes += span.length
             self.shards.served_shards += 1
 
@@ -226,6 +234,8 @@ class _Conn:
         reason = (await self.recv_exact(n)).decode("utf-8", "replace")
         if status == NOT_HELD:
             raise ShardNotHeld(reason)
+        if status == BUSY:
+            raise PeerBusy(reason)
         raise PeerError(f"data channel refused: {reason}")
 
     async def send_all(self, data: bytes) -> None:
@@ -313,7 +323,7 @@ class DataChannelSource:
                 sink.write(view[:n])
                 left -= n
             reusable = True
-        except ShardNotHeld:
+        except (ShardNotHeld, PeerBusy):
             reusable = True
             raise
         except OSError as exc:

@@ -12,7 +12,9 @@ libp2p stream, or a test double) and owns every decision:
   is fsynced and journalled before the next one is trusted to be on disk;
 - a stall (no byte for ``stall_timeout`` seconds) cancels the pull; a corrupt or truncated shard
   drops that peer for the version at once, other failures spend its ``failure_budget``; the
-  shard goes back in the queue for another provider;
+  shard goes back in the queue for another provider; a provider whose upload slots are all
+  taken (``PeerBusy``) is not at fault: it rests for ``have_refresh`` to twice that, and the
+  shard goes back in the queue;
 - providers that hold only part of the version (nodes still fetching it) say which shards they
   hold (``have``); the scheduler asks again every ``have_refresh`` seconds.
 
@@ -38,7 +40,7 @@ from swarm.errors import (
 from swarm.messages import ShardManifest, Signed
 from swarm.shardcast.manifest import fetch_manifest, verify_manifest
 from swarm.shardcast.peers import PeerBoard
-from swarm.shardcast.source import ShardNotHeld, ShardSink, ShardSource
+from swarm.shardcast.source import PeerBusy, ShardNotHeld, ShardSink, ShardSource
 from swarm.shardcast.store import ShardStore, VersionFile
 
 __all__ = [  # the manifest checks and the source types are re-exported for existing callers
@@ -133,13 +135,17 @@ class _Fetch:
         config: FetchConfig,
         rng: random.Random,
         on_progress: ProgressCallback | None,
+        origins: Sequence[str] = (),
     ) -> None:
         self.vf = vf
         self.m = vf.manifest
         self.source = source
         self.config = config
         self.board = PeerBoard(
-            failure_budget=config.failure_budget, explore=config.explore, rng=rng
+            failure_budget=config.failure_budget,
+            explore=config.explore,
+            rng=rng,
+            origins=frozenset(origins),
         )
         self.board.add(peers)
         self.holdings: dict[str, bytes | None] = {}
@@ -205,7 +211,8 @@ class _Fetch:
         )
 
     def _free(self, peer: str) -> bool:
-        return self.board.stats[peer].in_flight < self.config.per_peer
+        s = self.board.stats[peer]
+        return s.in_flight < self.config.per_peer and s.busy_until <= trio.current_time()
 
     def _next(self) -> tuple[int, str] | None:
         """The next (shard, peer) to pull: among the first ``_SCAN`` pending shards (in this
@@ -252,7 +259,10 @@ class _Fetch:
             holders = [
                 p
                 for p in self.board.usable()
-                if p not in sinks and self._holds(p, index) and not self.board.stats[p].in_flight
+                if p not in sinks
+                and self._holds(p, index)
+                and not self.board.stats[p].in_flight
+                and self._free(p)
             ]
             peer = self.board.choose(holders)
             if peer is not None:
@@ -327,6 +337,10 @@ class _Fetch:
                 return False
         except StorageError:
             raise
+        except PeerBusy:
+            rest = self.config.have_refresh * (1 + self.board.rng.random())
+            self.board.record_busy(peer, trio.current_time() + rest)
+            return False
         except ShardNotHeld:
             # Stop asking it for this shard until its next ``have`` answer says otherwise.
             n = len(self.m.shard_hashes)
@@ -391,8 +405,10 @@ async def fetch_version(
     config: FetchConfig | None = None,
     on_progress: ProgressCallback | None = None,
     rng: random.Random | None = None,
+    origins: Sequence[str] = (),
 ) -> FetchResult:
     """Fetch ``manifest``'s version into ``store`` from ``peers``; resumes what is on disk.
+    ``origins``: the peers that published it (trainers), asked last for shards others hold.
 
     Returns when every shard is verified, fsynced and the version is marked complete (the
     caller then advertises it and serves it). Raises ``StorageError`` (no room, disk full),
@@ -403,7 +419,7 @@ async def fetch_version(
     with store.open(manifest) as vf:
         if not vf.complete:
             vf.preallocate()
-        job = _Fetch(vf, source, peers, config, rng or random.Random(), on_progress)
+        job = _Fetch(vf, source, peers, config, rng or random.Random(), on_progress, origins)
         if not vf.complete:
             await job.run()
             await trio.to_thread.run_sync(vf.mark_complete)

@@ -6,7 +6,8 @@ proportional to ``throughput * success**2 / (1 + in_flight)**3`` (the cube sprea
 pulls over idle peers first, so equal peers finish together instead of one holding the tail);
 a peer never measured gets the best known throughput, so it is tried early, and with
 probability ``explore`` the choice is uniform, so a slow peer is still probed now and then and
-can earn its way back. A peer that
+can earn its way back. The version's origins (its trainers) weigh 1/8 of their measure, so
+shards that peers hold come from peers (docs/shardcast.md). A peer that
 fails ``failure_budget`` times (or once with a corrupt shard) is dropped for the version.
 """
 
@@ -16,6 +17,8 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+ORIGIN_WEIGHT = 0.125
+"""An origin counts as 8x slower than it measures (three factors of two in ``_next``)."""
 DEFAULT_RATE = 50.0 * 1024 * 1024
 """Throughput assumed before anything is measured (bytes/s)."""
 
@@ -31,6 +34,9 @@ class PeerStats:
     in_flight: int = 0
     dropped: bool = False
     last_error: str = ""
+    busy_until: float = 0.0
+    """Said all its upload slots were taken: not asked again before this time (no fault)."""
+    busy: int = 0
 
     def view(self) -> dict[str, object]:
         return {
@@ -42,6 +48,7 @@ class PeerStats:
             "failures": self.failures,
             "in_flight": self.in_flight,
             "dropped": self.dropped,
+            "busy": self.busy,
             "last_error": self.last_error,
         }
 
@@ -55,6 +62,10 @@ class PeerBoard:
     explore: float = 0.1
     rng: random.Random = field(default_factory=random.Random)
     stats: dict[str, PeerStats] = field(default_factory=dict)
+    origins: frozenset[str] = frozenset()
+    """The version's publishers (trainers): weighed at ``ORIGIN_WEIGHT``, so a shard that a
+    peer holds comes from that peer, and the origin's upload goes to the shards nobody else
+    has yet (each copy it serves is passed on)."""
 
     def add(self, peers: Iterable[str]) -> None:
         for peer in peers:
@@ -67,7 +78,8 @@ class PeerBoard:
         s = self.stats[peer]
         known = [x.rate for x in self.stats.values() if x.rate is not None and not x.dropped]
         rate = s.rate if s.rate is not None else max(known, default=DEFAULT_RATE)
-        return max(rate, 1.0) * max(s.success, 0.01) ** 2 / (1 + s.in_flight) ** 3
+        origin = ORIGIN_WEIGHT if peer in self.origins else 1.0
+        return origin * max(rate, 1.0) * max(s.success, 0.01) ** 2 / (1 + s.in_flight) ** 3
 
     def choose(self, candidates: Iterable[str]) -> str | None:
         """A weighted random pick among usable ``candidates``; ``None`` if none is usable."""
@@ -94,6 +106,12 @@ class PeerBoard:
         s.success = (1 - self.alpha) * s.success + self.alpha
         s.shards += 1
         s.bytes += nbytes
+
+    def record_busy(self, peer: str, until: float) -> None:
+        """The peer refused for want of a free upload slot: rest it until ``until``."""
+        s = self.stats[peer]
+        s.busy += 1
+        s.busy_until = until
 
     def record_failure(self, peer: str, reason: str, *, fatal: bool = False) -> bool:
         """Count a failure; returns ``True`` when the peer is now dropped for the version.

@@ -5,6 +5,13 @@ shards this node holds (complete versions and verified shards of versions still 
 every holder serves), checks a requested span against the manifest, and issues one-time data
 channel tokens. The data channel and the libp2p stream handlers call it; every refusal is a
 ``SwarmError`` whose text goes back to the asker, and none of them affects the server.
+
+Upload slots (``max_uploads``): at most that many spans are being sent at once; a request past
+them is refused with ``PeerBusy`` (no fault: the asker takes the shard from another holder or
+asks again shortly). Without them every receiver pulls from the first holder, the trainer, at
+once, each at 1/N of its rate, and nobody holds a whole shard to pass on until late: on 25
+loopback nodes the trainer served 45% of all bytes (docs/BENCHMARKS.md, Scale). With a few
+slots, the first receivers get whole shards fast and serve them to the rest.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from swarm.errors import MalformedError, NotAuthorizedError, PeerError
-from swarm.shardcast.source import ShardNotHeld
+from swarm.shardcast.source import BUSY, PeerBusy, ShardNotHeld
 from swarm.shardcast.store import ShardStore, VersionFile
 
 TOKEN_BYTES = 16
@@ -42,8 +49,12 @@ class ShardServer:
         *,
         token_ttl: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        max_uploads: int | None = None,
     ) -> None:
         self.store = store
+        self.max_uploads = max_uploads
+        self.uploading = 0
+        self.busy_refusals = 0
         self.token_ttl = token_ttl
         self._clock = clock
         self._open: dict[int, VersionFile] = {}
@@ -113,10 +124,27 @@ class ShardServer:
             raise ShardNotHeld(f"shard {index} of version {version} is not held here yet")
         return ShardSpan(vf.data_fd, start + offset, length)
 
+    def take_slot(self) -> None:
+        """Take an upload slot (give it back with ``release_slot``); ``PeerBusy`` when all
+        ``max_uploads`` are taken."""
+        if self.max_uploads is not None and self.uploading >= self.max_uploads:
+            self.busy_refusals += 1
+            raise PeerBusy(
+                f"{BUSY}: all {self.max_uploads} upload slots are in use; ask another holder"
+            )
+        self.uploading += 1
+
+    def release_slot(self) -> None:
+        self.uploading = max(0, self.uploading - 1)
+
     def read(self, version: int, index: int, offset: int = 0, length: int | None = None) -> bytes:
         """The bytes of a span (the libp2p stream path; the data channel uses sendfile)."""
         span = self.span(version, index, offset, length)
-        data = os.pread(span.fd, span.length, span.offset)
+        self.take_slot()
+        try:
+            data = os.pread(span.fd, span.length, span.offset)
+        finally:
+            self.release_slot()
         self.served_bytes += len(data)
         self.served_shards += 1
         return data

@@ -1,5 +1,6 @@
 """What the fetch scheduler drives: a ``ShardSource`` (data channel, libp2p stream, or a test
-double), the ``ShardSink`` it delivers one shard's bytes into, and ``ShardNotHeld``."""
+double), the ``ShardSink`` it delivers one shard's bytes into, ``ShardNotHeld`` and
+``PeerBusy``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ from swarm.shardcast.store import VersionFile
 
 class ShardNotHeld(PeerError):
     """The provider does not (yet) hold the shard or version asked for. Not a fault."""
+
+
+BUSY = "busy"
+
+
+class PeerBusy(PeerError):
+    """Every upload slot of the provider is taken: ask another holder, or this one shortly.
+    Not a fault (it costs the peer no failure budget)."""
 
 
 class ShardSink:

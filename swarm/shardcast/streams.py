@@ -50,7 +50,7 @@ from swarm.shardcast.protocol import (
     ShardRequest,
 )
 from swarm.shardcast.serve import ShardServer
-from swarm.shardcast.source import ShardNotHeld, ShardSink
+from swarm.shardcast.source import BUSY, PeerBusy, ShardNotHeld, ShardSink
 
 MANIFEST_LIMITS = StreamLimits(
     max_request=4096, max_response=ShardManifest.MAX_BYTES + 1024, timeout=10.0
@@ -148,6 +148,8 @@ def _translate(exc: PeerError) -> PeerError:
     text = str(exc)
     if "refused /swarm-node/" in text and f": {_NOT_HELD}: " in text:
         return ShardNotHeld(text)
+    if "refused /swarm-node/" in text and f": {BUSY}: " in text:
+        return PeerBusy(text)
     return exc
 
 
@@ -217,7 +219,7 @@ class StreamShardSource:
                 await self._channel.pull(peer, version, index, sink)
                 self.channel_pulls += 1
                 return
-            except ShardNotHeld:
+            except (ShardNotHeld, PeerBusy):
                 raise
             except NetworkError:
                 if sink.received:  # bytes came, then the channel broke: a real failure

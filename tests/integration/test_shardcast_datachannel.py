@@ -23,6 +23,7 @@ from swarm.shardcast.datachannel import (
 )
 from swarm.shardcast.local import DirectControl
 from swarm.shardcast.serve import ShardServer
+from swarm.shardcast.source import PeerBusy, ShardSink
 from tests.shardcast_util import published, seeder_store
 
 CONFIG = FetchConfig(concurrency=4, stall_timeout=2.0, have_refresh=0.05, durable=False)
@@ -215,3 +216,26 @@ async def test_hostile_requests_get_clear_errors_and_the_server_keeps_serving(
         await stream.aclose()
         result = await s.fetch(tmp_path / "rx")
         assert result.path.read_bytes() == s.data
+
+
+async def test_a_seeder_with_every_upload_slot_taken_answers_busy_and_stays_usable(
+    tmp_path: Path,
+) -> None:
+    async with swarm(tmp_path, {"full": "ok"}) as s:
+        server = s.servers["full"]
+        server.max_uploads = 1
+        server.take_slot()  # another asker holds its only slot
+        source = s.source()
+        rx = ShardStore(tmp_path / "rx")
+        try:
+            with rx.open(s.signed) as vf:
+                vf.preallocate()
+                with pytest.raises(PeerBusy, match="upload slots"):
+                    await source.pull("full", 1, 0, ShardSink(vf, 0))
+                server.release_slot()
+                sink = ShardSink(vf, 0)
+                await source.pull("full", 1, 0, sink)  # same connection, now served
+                assert sink.received == sink.length
+        finally:
+            source.close()
+        assert server.busy_refusals == 1 and source.connects == 1

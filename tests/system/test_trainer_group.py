@@ -42,8 +42,7 @@ def policy(swarm: LocalSwarm) -> int:
 
 
 def _heavy_modules(swarm: LocalSwarm, name: str) -> list[str]:
-    trainer = swarm.proc(name).status.get("role_status", {}).get("trainer", {})
-    return list(trainer["heavy_modules"])
+    return list(swarm.proc(name).status["process"]["heavy_modules"])
 
 
 FAILOVER_S = 30.0

@@ -192,3 +192,24 @@ async def test_a_peer_that_claims_a_version_but_lacks_its_shards_spends_its_budg
     asked = sum(1 for peer, _ in c.source.pulls if peer == "liar")
     assert liar.failures == asked and liar.shards == 0
     assert asked <= FAST.failure_budget + FAST.concurrency  # then it is dropped
+
+
+async def test_a_busy_peer_rests_without_losing_its_budget_and_still_serves(
+    tmp_path: Path,
+) -> None:
+    c = setup(tmp_path, {"only": "ok"})
+    c.source.peers["only"].busy = 5  # more refusals than the failure budget (3)
+    result = await c.fetch()
+    assert result.path.read_bytes() == c.data
+    only = stats(result, "only")
+    assert only.busy == 5 and only.failures == 0 and not only.dropped
+
+
+async def test_shards_that_a_peer_holds_come_from_the_peer_not_the_origin(
+    tmp_path: Path,
+) -> None:
+    c = setup(tmp_path, {"origin": "ok", "a": "ok", "b": "ok", "c": "ok"})
+    result = await c.fetch(config=dataclasses.replace(FAST, explore=0.0), origins=["origin"])
+    assert result.path.read_bytes() == c.data
+    total = len(c.signed.message.shard_hashes)
+    assert stats(result, "origin").shards <= total // 8  # peers had free slots for the rest
