@@ -260,9 +260,10 @@ class Simulation:
         self.up, self.down = up, down
         self.got_at = np.full((m, self.pieces), np.inf)
         self.got_at[0, :] = -np.inf
-        self.up_flows: list[set[_Flow]] = [set() for _ in range(m)]
-        self.down_flows: list[set[_Flow]] = [set() for _ in range(m)]
-        self.active: set[_Flow] = set()
+        # Flows in dicts, not sets: insertion order keeps a seed's run reproducible.
+        self.up_flows: list[dict[_Flow, None]] = [{} for _ in range(m)]
+        self.down_flows: list[dict[_Flow, None]] = [{} for _ in range(m)]
+        self.active: dict[_Flow, None] = {}
         self.share = np.full(m, np.inf)  # each source's share when last reflowed
         self.level = np.full(m, np.inf)  # each receiver's water level
         self.busy_waiters: list[list[int]] = [[] for _ in range(m)]
@@ -397,17 +398,17 @@ class Simulation:
 
     def _start(self, f: _Flow) -> None:
         f.at = self.env.now
-        self.up_flows[f.src].add(f)
-        self.down_flows[f.dst].add(f)
-        self.active.add(f)
+        self.up_flows[f.src][f] = None
+        self.down_flows[f.dst][f] = None
+        self.active[f] = None
         self._reflow(f.src, f.dst)
 
     def _stop(self, f: _Flow) -> None:
         self._advance(f)
         self.served[f.src] += f.size - f.left
-        self.up_flows[f.src].discard(f)
-        self.down_flows[f.dst].discard(f)
-        self.active.discard(f)
+        self.up_flows[f.src].pop(f, None)
+        self.down_flows[f.dst].pop(f, None)
+        self.active.pop(f, None)
         f.gen += 1
         self._reflow(f.src, f.dst)
         waiters = self.busy_waiters[f.src]
@@ -673,7 +674,7 @@ class Simulation:
 
     # --- run --------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         self._gossip()
         self.env.run(until=self.all_done | self.env.timeout(self.p.horizon_s))
         contributors = slice(self.first, self.first + self.n)
@@ -701,6 +702,7 @@ class Simulation:
             "complete": int(np.isfinite(done).sum()),
             **self.counts,
             "sim_wall_s": round(time.perf_counter() - started, 2),
+            "sim_cpu_s": round(time.process_time() - cpu, 2),
         }
         return out
 
