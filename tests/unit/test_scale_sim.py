@@ -125,8 +125,9 @@ def test_project_calibrates_on_one_run_and_projects() -> None:
 def test_calibrate_takes_the_run_as_measured() -> None:
     run = _run(25)
     p = sim.calibrate(run)
-    host = run["version_bytes"] / run["single_transfer_s"]
+    host = run["served_bytes_total"] / run["shards_p100_s"]
     assert p.host_cap == pytest.approx(host)
+    assert p.node_up == pytest.approx(run["calibration"]["node_serve_mib_s"] * MIB * 4)
     assert p.shard_bytes == run["calibration"]["shard_bytes"]
     assert p.per_hop_s == run["calibration"]["per_hop_gossip_s"]
     assert p.neighbors == min(sim.MAX_SOURCES, run["connections_per_node"])
