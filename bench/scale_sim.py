@@ -265,7 +265,7 @@ def project(
 ) -> dict[str, Any]:
     """Calibrate on the N = 100 run (else the largest), check against every run, project.
 
-    ``fine_n``: also run that size with 8x more (smaller) pieces, to show what grouping shards
+    ``fine_n``: also run that size with 4x more (smaller) pieces, to show what grouping shards
     into pieces costs. Returns ``{"sim_error_at_100", "projection": {"1000": ..., "10000": ...},
     ...}``."""
     runs = _runs(runs)
@@ -296,7 +296,7 @@ def project(
         },
     }
     if fine_n:
-        fine = replace(params, max_transfers=params.max_transfers * 8)
+        fine = replace(params, max_transfers=params.max_transfers * 4)
         sim = simulate(fine, fine_n, version, HOME, seed=0)
         out["aggregation_check"] = {
             "n": fine_n,
@@ -363,7 +363,7 @@ def print_report(result: dict[str, Any]) -> None:
     rows = [(f"N = {n}", r) for n, r in result["projection"].items()]
     if "aggregation_check" in result:
         agg = result["aggregation_check"]
-        rows.append((f"N = {agg['n']}, 8x finer pieces", agg["finer"]))
+        rows.append((f"N = {agg['n']}, 4x finer pieces", agg["finer"]))
     rows += [
         (f"{name} (N = {result['what_if']['n']})", r)
         for name, r in result["what_if"]["runs"].items()
