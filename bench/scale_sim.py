@@ -123,7 +123,10 @@ def calibrate(run: dict[str, Any], *, before_fixes: bool = False) -> SimParams:
     """
     cal = run["calibration"]
     connected = max(1, round(float(run["connections_per_node"])))
-    host = float(run["served_bytes_total"]) / float(run["shards_p100_s"])
+    span = next((t for t in (run["shards_p100_s"], run["shards_p95_s"]) if math.isfinite(t)), None)
+    if span is None:
+        raise ValueError(f"the N = {run.get('nodes')} run never reached 95% of its nodes")
+    host = float(run["served_bytes_total"]) / float(span)
     slots = None if before_fixes else UPLOAD_SLOTS
     node = host if slots is None else float(cal["node_serve_mib_s"]) * MIB * slots
     origin = host if slots is None else float(cal["origin_serve_mib_s"]) * MIB * slots
@@ -154,7 +157,7 @@ def _median_run(
 
 
 def _rel(simulated: float, measured: float) -> float | None:
-    if not measured or not math.isfinite(simulated):
+    if not measured or not math.isfinite(simulated) or not math.isfinite(measured):
         return None
     return round(abs(simulated - measured) / measured, 3)
 
@@ -269,7 +272,9 @@ def project(
     into pieces costs. Returns ``{"sim_error_at_100", "projection": {"1000": ..., "10000": ...},
     ...}``."""
     runs = _runs(runs)
-    key = "100" if "100" in runs else max(runs, key=int)
+    # The N = 100 run, else the largest whose broadcast reached 95% of its nodes.
+    reached = [k for k in runs if math.isfinite(runs[k]["shards_p95_s"])]
+    key = "100" if "100" in reached else max(reached, key=int)
     calibrated = calibrate(runs[key], before_fixes=before_fixes)
     checked = check(calibrated, runs)
     params = home_params(calibrated)
