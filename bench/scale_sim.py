@@ -124,12 +124,13 @@ def calibrate(run: dict[str, Any], *, before_fixes: bool = False) -> SimParams:
     cal = run["calibration"]
     connected = max(1, round(float(run["connections_per_node"])))
     span = next((t for t in (run["shards_p100_s"], run["shards_p95_s"]) if math.isfinite(t)), None)
-    if span is None:
-        raise ValueError(f"the N = {run.get('nodes')} run never reached 95% of its nodes")
-    host = float(run["served_bytes_total"]) / float(span)
+    # A run that never reached 95% of its nodes says nothing of the host: no host limit then.
+    host = float(run["served_bytes_total"]) / float(span) if span else None
     slots = None if before_fixes else UPLOAD_SLOTS
-    node = host if slots is None else float(cal["node_serve_mib_s"]) * MIB * slots
-    origin = host if slots is None else float(cal["origin_serve_mib_s"]) * MIB * slots
+    node = float(cal["node_serve_mib_s"]) * MIB * (slots or 1)
+    origin = float(cal["origin_serve_mib_s"]) * MIB * (slots or 1)
+    if slots is None and host is not None:
+        node = origin = host
     return SimParams(
         origin_up=origin,
         node_up=node,
@@ -274,7 +275,7 @@ def project(
     runs = _runs(runs)
     # The N = 100 run, else the largest whose broadcast reached 95% of its nodes.
     reached = [k for k in runs if math.isfinite(runs[k]["shards_p95_s"])]
-    key = "100" if "100" in reached else max(reached, key=int)
+    key = "100" if "100" in reached else max(reached or runs, key=int)
     calibrated = calibrate(runs[key], before_fixes=before_fixes)
     checked = check(calibrated, runs)
     params = home_params(calibrated)
