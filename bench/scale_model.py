@@ -12,12 +12,13 @@ What the model copies from our implementation (the decisions it does not own):
   weighted random choice, ``rate * success**2 / (1 + in_flight)**3`` (``PeerBoard``; unmeasured
   peers count as the best known one, 50 MiB/s before anything is measured; uniform with
   probability 0.1); refusals spend the failure budget (3, then the peer is dropped for the
-  version); the endgame pulls the slowest running piece again from an idle holder, one at a
-  time, and the first copy wins;
+  version), a ``PeerBusy`` answer (all 4 upload slots taken) only rests the provider for 1-2
+  ``have_refresh_s``; the endgame pulls the slowest running piece again from an idle holder,
+  one at a time, and the first copy wins;
 - who holds what: a fetcher's providers are fixed when its fetch starts (``ShardcastService.
-  providers``: provider records, i.e. the origin at announcement time, the trainers, and the
-  connected run peers); a provider's new pieces become visible ``have_refresh_s`` (0.25 s,
-  ``PolicyFeed``) after it verified them; every holder serves at once;
+  providers``: the trainers and ``MAX_SOURCES`` (8) random connected run peers); a
+  provider's new pieces become visible ``have_refresh_s`` (0.5 s, ``PolicyFeed``) after it
+  verified them; every holder serves at once;
 - serving limits: the data channel accepts ``channel_slots`` (64) connections, kept per asker
   and reused until the fetch ends (``DataChannelSource``) or they idle for 60 s; an asker the
   channel turns away uses libp2p streams to that peer for the rest of the fetch, and the shard
@@ -27,8 +28,9 @@ What the model copies from our implementation (the decisions it does not own):
   the sim counts it and restarts the fetch with a fresh provider board 2 s later (the catch-up
   loop of ``PolicyFeed``);
 - gossip (``swarm.net.overlay``): GossipSub forwards a new message at once to its mesh peers
-  (degree D = 6); a node starts its fetch when the announcement arrives, after a provider
-  lookup (``lookup_p50_s`` of the run, growing with log N as Kademlia lookups do).
+  (degree D = 6); a node starts its fetch when the announcement arrives, after ``lookup_s``
+  (0 with the issue-17 code, which skips the DHT lookup when it knows 8 peers; the run's
+  lookup p50 before it), growing with log N as Kademlia lookups do.
 
 Simplifications, and why they do not change the answer much:
 
