@@ -1,0 +1,419 @@
+"""The scale projection: SHARDCAST and gossip from 100 measured nodes to 10,000 contributors.
+
+    .venv/bin/python bench/scale_sim.py [--runs PATH.json] [--json OUT] [--quick]
+
+``--runs`` is the JSON of ``bench/scale.py`` (``{"runs": {"25": {...}, ...}}``); without it
+synthetic figures (``SYNTHETIC_RUNS``) stand in and the output says so. The model is
+``bench/scale_model.py`` (a SimPy simulation of our fetch scheduler, serving limits and gossip;
+its docstring lists what it copies and what it simplifies). Decisions owned here:
+
+- calibration: ``calibrate`` takes the N = 100 run's own figures (per-pull serving rates of
+  nodes and origin, shard size, parallel sources, gossip degree, per-hop gossip latency,
+  connections per node) and fits one: the capacity of the machine that hosts every node, from
+  the bytes it moved during the broadcast (the run's p95 is not fitted, but p100 is close to
+  it, so the error at the calibrating N flatters the model; the other Ns are held out). The
+  check simulates every measured N with the median of 3 seeds; the error is the relative error
+  of the simulated shards p95 (and announce p95) against the measured one;
+- projection: the calibrated implementation limits with contributors at home (``HOME``: upload
+  lognormal, median 20 Mbit/s, 10% at >= 100 Mbit/s, capped at 1 Gbit/s; download 5x upload
+  within 100-1,000 Mbit/s; an assumption in the range of consumer cable/DSL with a fibre tail,
+  not a measured distribution), the origin in a data centre at 10 Gbit/s, 50 ms more per
+  gossip hop (WAN), 32 MiB shards of a 62 GB checkpoint; seed 0;
+- the yardstick: INTELLECT-2's reported ~14 minutes for a 62 GB broadcast (second-hand, their
+  relay tier and contributors' links unknown to us), and a fluid lower bound (copies over the
+  sum of uplinks; a whole version through the 95th-percentile downlink);
+- what-ifs (at 1,000 contributors): more parallel sources, more origin slots, a relay tier,
+  symmetric 1 Gbit/s contributors, and all of them together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is a folder of scripts
+from scale_model import (
+    GB,
+    MBIT,
+    MIB,
+    HomeLinks,
+    SimParams,
+    Simulation,
+    simulate,
+)
+
+__all__ = ["HomeLinks", "SimParams", "Simulation", "calibrate", "project", "simulate"]
+
+INTELLECT2_S = 14 * 60
+"""INTELLECT-2's reported broadcast of a 62 GB checkpoint: about 14 minutes (second-hand)."""
+CHECKPOINT_BYTES = 62 * GB
+
+
+# --- calibration and projection ---------------------------------------------------------------
+WAN_HOP_S = 0.05
+"""One-way latency added to each gossip hop between homes (a continent's RTT is ~100 ms)."""
+ORIGIN_MBIT = 10_000.0
+"""The origin (trainer) in a data centre: 10 Gbit/s upload (assumption)."""
+HOME = HomeLinks()
+MAX_NEIGHBORS = 256
+"""``HostLimits.max_connections``: a node's provider set cannot outgrow its connections."""
+
+SYNTHETIC_RUNS: dict[str, Any] = {
+    str(n): {
+        "synthetic": True,
+        "announce_p50_s": 0.05 * n**0.3,
+        "announce_p95_s": 0.09 * n**0.3,
+        "announce_p100_s": 0.12 * n**0.3,
+        "shards_p50_s": 1.0 + 0.05 * n,
+        "shards_p95_s": 1.5 + 0.07 * n,
+        "shards_p100_s": 2.0 + 0.08 * n,
+        "single_transfer_s": 1.2,
+        "served_bytes_total": int(n * 64 * MIB * 1.05),
+        "shards_p95_over_single": (1.5 + 0.07 * n) / 1.2,
+        "origin_share": 0.1,
+        "lookup_p50_s": 0.05,
+        "rss_mib_per_node": 80.0,
+        "cpu_s_per_node": 1.0,
+        "connections_per_node": min(n + 1, 30),
+        "version_bytes": 64 * MIB,
+        "nodes_per_process": 5,
+        "calibration": {
+            "node_serve_mib_s": 32.0,
+            "origin_serve_mib_s": 64.0,
+            "per_hop_gossip_s": 0.03,
+            "max_conns_per_node": 64,
+            "shard_bytes": 4 * MIB,
+            "parallel_sources": 4,
+            "gossip_degree": 6,
+        },
+    }
+    for n in (25, 50, 100)
+}
+"""Stand-in figures (made up, plausible) for when no run of ``bench/scale.py`` is at hand."""
+
+
+UPLOAD_SLOTS = 4
+"""``node.shardcast.UPLOAD_SLOTS``."""
+MAX_SOURCES = 8
+"""``node.shardcast.MAX_SOURCES``."""
+
+
+def calibrate(run: dict[str, Any], *, before_fixes: bool = False) -> SimParams:
+    """``SimParams`` from one run of ``bench/scale.py``:
+
+    - the host (the one fitted figure): every node shares one machine, whose capacity is what
+      it moved during the broadcast, ``served_bytes_total / shards_p100_s`` (on loopback the
+      bytes cost CPU, hashing and copies, not wire; one transfer alone, ``single_transfer_s``,
+      uses a fraction of the machine, so it cannot stand for it);
+    - a node's upload: its median per-pull rate as receivers saw it (``node_serve_mib_s``)
+      times its upload slots, the origin's likewise (``origin_serve_mib_s``; a process of its
+      own, it is faster); ``before_fixes`` (no slots): the host's capacity;
+    - shard size, parallel sources, gossip degree and per-hop latency as measured; provider
+      set: ``MAX_SOURCES`` of the connected peers (all of them ``before_fixes``);
+    - start delay: none (a node with enough connected peers skips the DHT lookup), or the
+      lookup p50 ``before_fixes`` (the fetch looked the provider records up first).
+    """
+    cal = run["calibration"]
+    connected = max(1, round(float(run["connections_per_node"])))
+    span = next((t for t in (run["shards_p100_s"], run["shards_p95_s"]) if math.isfinite(t)), None)
+    # A run that never reached 95% of its nodes says nothing of the host: no host limit then.
+    host = float(run["served_bytes_total"]) / float(span) if span else None
+    slots = None if before_fixes else UPLOAD_SLOTS
+    node = float(cal["node_serve_mib_s"]) * MIB * (slots or 1)
+    origin = float(cal["origin_serve_mib_s"]) * MIB * (slots or 1)
+    if slots is None and host is not None:
+        node = origin = host
+    return SimParams(
+        origin_up=origin,
+        node_up=node,
+        host_cap=host,
+        shard_bytes=int(cal["shard_bytes"]),
+        parallel_sources=int(cal["parallel_sources"]),
+        per_hop_s=float(cal["per_hop_gossip_s"]),
+        gossip_degree=int(cal["gossip_degree"]),
+        lookup_s=float(run["lookup_p50_s"]) if before_fixes else 0.0,
+        neighbors=connected if before_fixes else min(MAX_SOURCES, connected),
+        upload_slots=slots,
+        have_refresh_s=0.25 if before_fixes else 0.5,
+    )
+
+
+def _median_run(
+    params: SimParams, n: int, version: int, links: HomeLinks | None, seeds: int
+) -> dict[str, Any]:
+    """The run whose shards p95 is the median over ``seeds`` seeds."""
+    results = sorted(
+        (simulate(params, n, version, links, seed) for seed in range(seeds)),
+        key=lambda r: r["shards_p95_s"],
+    )
+    return results[len(results) // 2]
+
+
+def _rel(simulated: float, measured: float) -> float | None:
+    if not measured or not math.isfinite(simulated) or not math.isfinite(measured):
+        return None
+    return round(abs(simulated - measured) / measured, 3)
+
+
+def check(params: SimParams, runs: dict[str, Any], seeds: int = 3) -> dict[str, Any]:
+    """The model against each measured run (same N, same version size)."""
+    out = {}
+    for key, run in sorted(runs.items(), key=lambda kv: int(kv[0])):
+        sim = _median_run(params, int(key), int(run["version_bytes"]), None, seeds)
+        out[key] = {
+            "measured": {k: run[k] for k in ("announce_p95_s", "shards_p95_s", "origin_share")},
+            "simulated": {k: sim[k] for k in ("announce_p95_s", "shards_p95_s", "origin_share")},
+            "shards_p95_error": _rel(sim["shards_p95_s"], run["shards_p95_s"]),
+            "announce_p95_error": _rel(sim["announce_p95_s"], run["announce_p95_s"]),
+        }
+    return out
+
+
+def _runs(given: dict[str, Any]) -> dict[str, Any]:
+    """The runs by N from ``bench/scale.py``'s JSON, its ``runs`` map, or one run dict."""
+    if "calibration" in given:
+        return {str(given.get("nodes", 100)): given}
+    runs: dict[str, Any] = given.get("runs", given)
+    return runs
+
+
+def home_params(calibrated: SimParams, **changes: Any) -> SimParams:
+    """The calibrated implementation limits, with contributors at home and the origin in a
+    data centre: no shared host, WAN latency on each gossip hop, 32 MiB shards."""
+    base = replace(
+        calibrated,
+        origin_up=ORIGIN_MBIT * MBIT,
+        host_cap=None,
+        busy_wake="slot",
+        per_hop_s=calibrated.per_hop_s + WAN_HOP_S,
+        shard_bytes=32 * MIB,
+        neighbors=min(calibrated.neighbors, MAX_NEIGHBORS),
+    )
+    return replace(base, **changes)
+
+
+def bound(params: SimParams, n: int, version: int, links: HomeLinks | None, seed: int = 0) -> float:
+    """A fluid lower bound on the time to reach 95% of nodes: 95% of the copies must leave some
+    uplink (origin + relays + contributors), and the 95th-percentile-slowest downlink must
+    take in a whole version."""
+    rng = np.random.default_rng(seed)
+    if links is None:
+        up, down = np.full(n, params.node_up), np.full(n, params.node_down)
+    else:
+        up, down = links.sample(rng, n)
+    if not params.serve:
+        up = np.zeros(n)
+    supply = params.origin_up + params.relays * params.relay_up + float(up.sum())
+    copies = math.ceil(0.95 * n)
+    slow = float(np.sort(down)[::-1][copies - 1])
+    return max(copies * version / supply, version / slow, version / params.origin_up)
+
+
+GIGABIT = HomeLinks(1000, 1000, 1000, 1, 1000, 1000)
+WHAT_IFS: dict[str, dict[str, Any]] = {
+    "k=16 parallel sources": {"parallel_sources": 16},
+    "origin with 64 upload slots": {"origin_upload_slots": 64},
+    "16 relays at 10 Gbit/s, 64 slots": {"relays": 16, "origin_upload_slots": 64},
+    "1 Gbit/s symmetric contributors": {"links": GIGABIT},
+    "1 Gbit/s + 16 relays + k=16": {
+        "links": GIGABIT,
+        "relays": 16,
+        "origin_upload_slots": 64,
+        "parallel_sources": 16,
+    },
+}
+"""What might beat INTELLECT-2's ~14 minutes; each runs at 1,000 contributors."""
+
+
+def _summary(
+    sim: dict[str, Any], params: SimParams, n: int, version: int, links: HomeLinks | None
+) -> dict[str, Any]:
+    low = bound(params, n, version, links)
+    return {
+        "shards_p95_s": sim["shards_p95_s"],
+        "shards_p95_min": round(sim["shards_p95_s"] / 60, 1),
+        "shards_p50_s": sim["shards_p50_s"],
+        "shards_p100_s": sim["shards_p100_s"],
+        "announce_p95_s": sim["announce_p95_s"],
+        "origin_upload_gb": round(sim["origin_upload_gb"], 1),
+        "origin_share": round(sim["origin_share"], 4),
+        "relay_upload_gb": round(sim["relay_upload_gb"], 1),
+        "fluid_bound_p95_s": round(low, 1),
+        "vs_intellect2": round(sim["shards_p95_s"] / INTELLECT2_S, 2),
+        "pieces": sim["pieces"],
+        "piece_mib": sim["piece_mib"],
+        "gave_up": sim["gave_up"],
+        "refusals": sim["refusals"],
+        "stream_fallbacks": sim["stream_fallbacks"],
+        "sim_wall_s": sim["sim_wall_s"],
+    }
+
+
+def project(
+    runs: dict[str, Any],
+    *,
+    sizes: tuple[int, ...] = (1000, 10_000),
+    what_if_n: int = 1000,
+    what_ifs: dict[str, dict[str, Any]] | None = None,
+    fine_n: int | None = 1000,
+    version: int = CHECKPOINT_BYTES,
+    before_fixes: bool = False,
+) -> dict[str, Any]:
+    """Calibrate on the N = 100 run (else the largest), check against every run, project.
+
+    ``fine_n``: also run that size with 4x more (smaller) pieces, to show what grouping shards
+    into pieces costs. Returns ``{"sim_error_at_100", "projection": {"1000": ..., "10000": ...},
+    ...}``."""
+    runs = _runs(runs)
+    # The N = 100 run, else the largest whose broadcast reached 95% of its nodes.
+    reached = [k for k in runs if math.isfinite(runs[k]["shards_p95_s"])]
+    key = "100" if "100" in reached else max(reached or runs, key=int)
+    calibrated = calibrate(runs[key], before_fixes=before_fixes)
+    checked = check(calibrated, runs)
+    params = home_params(calibrated)
+    projection = {}
+    for n in sizes:
+        sim = simulate(params, n, version, HOME, seed=0)
+        projection[str(n)] = _summary(sim, params, n, version, HOME)
+    out: dict[str, Any] = {
+        "sim_error_at_100": checked[key]["shards_p95_error"],
+        "announce_error_at_100": checked[key]["announce_p95_error"],
+        "calibrated_on_n": int(key),
+        "load_average": runs[key].get("load_average"),
+        "check": checked,
+        "calibrated": asdict(calibrated),
+        "synthetic_calibration": bool(runs[key].get("synthetic")),
+        "projection": projection,
+        "assumptions": {
+            "checkpoint_gb": version / GB,
+            "contributors": HOME.describe(),
+            "origin": f"{ORIGIN_MBIT:g} Mbit/s upload, data centre",
+            "gossip_hop_s": params.per_hop_s,
+            "providers_per_fetcher": params.neighbors,
+            "intellect2_s": INTELLECT2_S,
+        },
+    }
+    if fine_n:
+        fine = replace(params, max_transfers=params.max_transfers * 4)
+        sim = simulate(fine, fine_n, version, HOME, seed=0)
+        out["aggregation_check"] = {
+            "n": fine_n,
+            "finer": _summary(sim, fine, fine_n, version, HOME),
+        }
+    whatif = {}
+    for name, change in (WHAT_IFS if what_ifs is None else what_ifs).items():
+        change = dict(change)
+        links = change.pop("links", HOME)
+        p = replace(params, **change)
+        sim = simulate(p, what_if_n, version, links, seed=0)
+        whatif[name] = _summary(sim, p, what_if_n, version, links)
+    out["what_if"] = {"n": what_if_n, "runs": whatif}
+    return out
+
+
+# --- command line -----------------------------------------------------------------------------
+def _fmt(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "never"
+    if seconds < 120:
+        return f"{seconds:.2f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def print_report(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    title = "model vs measured" + (
+        " (SYNTHETIC calibration)" if result["synthetic_calibration"] else ""
+    )
+    table = Table(title=title)
+    for col in (
+        "N",
+        "announce p95 meas/sim",
+        "shards p95 meas/sim",
+        "origin share meas/sim",
+        "error",
+    ):
+        table.add_column(col)
+    for key, c in result["check"].items():
+        m, s = c["measured"], c["simulated"]
+        table.add_row(
+            key,
+            f"{m['announce_p95_s']:.2f} / {s['announce_p95_s']:.2f} s",
+            f"{m['shards_p95_s']:.2f} / {s['shards_p95_s']:.2f} s",
+            f"{m['origin_share']:.2f} / {s['origin_share']:.2f}",
+            f"shards {c['shards_p95_error']}, announce {c['announce_p95_error']}",
+        )
+    console.print(table)
+    table = Table(title=f"62 GB to home contributors ({result['assumptions']['contributors']})")
+    for col in (
+        "case",
+        "95% reached",
+        "fluid bound",
+        "x INTELLECT-2",
+        "origin upload",
+        "pieces",
+        "gave up",
+    ):
+        table.add_column(col)
+    rows = [(f"N = {n}", r) for n, r in result["projection"].items()]
+    if "aggregation_check" in result:
+        agg = result["aggregation_check"]
+        rows.append((f"N = {agg['n']}, 4x finer pieces", agg["finer"]))
+    rows += [
+        (f"{name} (N = {result['what_if']['n']})", r)
+        for name, r in result["what_if"]["runs"].items()
+    ]
+    for name, r in rows:
+        table.add_row(
+            name,
+            _fmt(r["shards_p95_s"]),
+            _fmt(r["fluid_bound_p95_s"]),
+            f"{r['vs_intellect2']:g}",
+            f"{r['origin_upload_gb']:.0f} GB ({r['origin_share']:.1%})",
+            f"{r['pieces']} x {r['piece_mib']:g} MiB",
+            str(r["gave_up"]),
+        )
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=Path, help="JSON of bench/scale.py (default: synthetic runs)")
+    ap.add_argument("--json", type=Path, help="write the result here")
+    ap.add_argument("--quick", action="store_true", help="1,000 only, no what-ifs (a smoke run)")
+    ap.add_argument(
+        "--before-fixes",
+        action="store_true",
+        help="model the code before issue 17's fixes (no upload slots, every peer a source)",
+    )
+    args = ap.parse_args(argv)
+    runs = json.loads(args.runs.read_text()) if args.runs else {"runs": SYNTHETIC_RUNS}
+    if not _runs(runs):
+        print(
+            "error: no run to calibrate on in that file; run bench/scale.py --json PATH first",
+            file=sys.stderr,
+        )
+        return 2
+    started = time.perf_counter()
+    quick: dict[str, Any] = {"sizes": (1000,), "what_ifs": {}, "fine_n": None}
+    result = project(runs, before_fixes=args.before_fixes, **(quick if args.quick else {}))
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    print_report(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

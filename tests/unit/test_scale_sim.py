@@ -1,0 +1,141 @@
+"""Laws the scale simulation (bench/scale_sim.py, bench/scale_model.py) must obey."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+MIB = 1024 * 1024
+
+
+def _load() -> Any:
+    spec = importlib.util.spec_from_file_location("scale_sim", BENCH / "scale_sim.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sim = _load()
+
+
+def _quiet(**changes: Any) -> Any:
+    """No latency anywhere: times are pure bandwidth."""
+    base = sim.SimParams(
+        origin_up=10 * MIB,
+        node_up=10 * MIB,
+        shard_bytes=4 * MIB,
+        per_hop_s=0.0,
+        lookup_s=0.0,
+        have_refresh_s=0.01,
+        busy_wake="slot",  # no polling: a busy provider's askers are woken by its free slot
+    )
+    return replace(base, **changes)
+
+
+def _times(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in result.items() if k not in ("sim_wall_s", "sim_cpu_s")}
+
+
+@pytest.mark.parametrize(
+    ("origin_up", "node_down", "expected"),
+    [(10 * MIB, 5 * MIB, 64 / 5), (2 * MIB, 5 * MIB, 64 / 2), (8 * MIB, 8 * MIB, 64 / 8)],
+)
+def test_one_node_fetches_at_the_slower_of_the_two_links(
+    origin_up: float, node_down: float, expected: float
+) -> None:
+    p = _quiet(origin_up=origin_up, node_down=node_down)
+    r = sim.simulate(p, 1, 64 * MIB)
+    assert r["shards_p100_s"] == pytest.approx(expected, rel=0.01)
+    assert r["origin_share"] == 1.0
+
+
+def test_origin_only_serves_every_copy_and_the_swarm_beats_it() -> None:
+    n = 16
+    alone = sim.simulate(_quiet(serve=False, parallel_sources=1), n, 64 * MIB)
+    swarm = sim.simulate(_quiet(), n, 64 * MIB)
+    # The origin's uplink carries all n copies one after another (slots and rests aside).
+    assert alone["shards_p100_s"] == pytest.approx(n * 64 / 10, rel=0.05)
+    assert alone["origin_share"] == 1.0
+    assert swarm["shards_p95_s"] < 0.5 * alone["shards_p95_s"]
+    assert swarm["origin_share"] < 0.5
+
+
+def test_more_upload_is_never_slower() -> None:
+    links = sim.HomeLinks(median_mbit=20, p90_mbit=100)
+    faster = sim.HomeLinks(median_mbit=40, p90_mbit=200)
+    p = _quiet(origin_up=100 * MIB, neighbors=8)
+    slow = sim.simulate(p, 24, 128 * MIB, links, seed=3)
+    fast = sim.simulate(p, 24, 128 * MIB, faster, seed=3)
+    assert fast["shards_p95_s"] <= slow["shards_p95_s"]
+    alone = _quiet(serve=False)
+    slow_origin = sim.simulate(alone, 8, 64 * MIB)
+    fast_origin = sim.simulate(replace(alone, origin_up=20 * MIB), 8, 64 * MIB)
+    assert fast_origin["shards_p95_s"] <= 0.55 * slow_origin["shards_p95_s"]
+
+
+def test_a_seed_fixes_the_result() -> None:
+    p = _quiet(per_hop_s=0.02, neighbors=6)
+    links = sim.HomeLinks()
+    a = sim.simulate(p, 20, 64 * MIB, links, seed=7)
+    b = sim.simulate(p, 20, 64 * MIB, links, seed=7)
+    assert _times(a) == _times(b)
+    assert a["complete"] == 20
+    assert 0 < a["announce_p50_s"] <= a["announce_p95_s"] <= a["announce_p100_s"]
+    assert a["shards_p50_s"] <= a["shards_p95_s"] <= a["shards_p100_s"]
+
+
+def test_shards_are_grouped_into_pieces_only_past_the_transfer_budget() -> None:
+    p = _quiet(max_transfers=100)
+    r = sim.simulate(p, 10, 64 * MIB)  # 16 shards x 10 nodes = 160 transfers > 100
+    assert r["pieces"] == 8 and r["shards_per_piece"] == 2
+    assert sim.simulate(_quiet(), 10, 64 * MIB)["pieces"] == 16
+
+
+def _run(n: int) -> dict[str, Any]:
+    run = dict(sim.SYNTHETIC_RUNS["25"])
+    return run | {"nodes": n, "synthetic": True}
+
+
+def test_project_calibrates_on_one_run_and_projects() -> None:
+    """bench/scale.py hands ``project`` its largest run as one dict."""
+    result = sim.project(
+        _run(25),
+        sizes=(20,),
+        what_if_n=20,
+        what_ifs={"k=16 parallel sources": {"parallel_sources": 16}},
+        fine_n=None,
+        version=64 * MIB,
+    )
+    assert result["calibrated_on_n"] == 25
+    assert isinstance(result["sim_error_at_100"], float)
+    row = result["projection"]["20"]
+    assert row["shards_p95_s"] >= row["fluid_bound_p95_s"] > 0
+    assert 0 < row["origin_share"] <= 1
+    assert set(result["what_if"]["runs"]) == {"k=16 parallel sources"}
+    json.dumps(result)  # the bench writes it as JSON
+
+
+def test_calibrate_takes_the_run_as_measured() -> None:
+    run = _run(25)
+    p = sim.calibrate(run)
+    host = run["served_bytes_total"] / run["shards_p100_s"]
+    assert p.host_cap == pytest.approx(host)
+    assert p.node_up == pytest.approx(run["calibration"]["node_serve_mib_s"] * MIB * 4)
+    assert p.shard_bytes == run["calibration"]["shard_bytes"]
+    assert p.per_hop_s == run["calibration"]["per_hop_gossip_s"]
+    assert p.neighbors == min(sim.MAX_SOURCES, run["connections_per_node"])
+    before = sim.calibrate(run, before_fixes=True)
+    assert before.upload_slots is None and before.lookup_s == run["lookup_p50_s"]
+
+
+def test_cli_without_a_run_to_calibrate_on_exits_2(tmp_path: Path) -> None:
+    empty = tmp_path / "runs.json"
+    empty.write_text(json.dumps({"runs": {}}))
+    assert sim.main(["--runs", str(empty)]) == 2
