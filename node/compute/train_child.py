@@ -6,7 +6,8 @@ pickle). Parent side: :class:`TrainerChild`. Requests:
 
 - ``init`` {model_dir, device, config, keep_versions, pad_id, checkpoint, policies, threads, group,
   chat_template, nproc} -> {version, hivemind_addrs}. ``group`` (several genesis trainers)
-  starts hivemind (``node.compute.averaging``) and is ``None`` for a lone trainer, which never loads hivemind.
+  starts hivemind (``node.compute.averaging``) and is ``None`` for a lone trainer, which never
+  loads hivemind.
   ``nproc`` > 1 (``join --nproc``): this child is rank 0 of an FSDP2 group and starts the other
   ranks (``node.compute.ranks``, ``node.compute.fsdp``); every request below runs on all ranks.
 - ``step`` {groups, version} -> {stats, round, weights}: one GRPO step from ``version`` (which

@@ -62,6 +62,7 @@ POLICY_ARCHIVE_BYTES = 1 << 30
 """Published weights kept in ``policies/`` (and served by SHARDCAST, as many versions as fit
 this budget) so that audits can replay old verdicts."""
 
+
 class Trainer:
     def __init__(
         self,
