@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import math
 import os
 import signal
 import threading
@@ -55,7 +54,7 @@ import torch
 from hivemind.averaging.averager import DecentralizedAverager
 from hivemind.utils import get_dht_time
 
-from node.compute.groups import RoundFailed
+from node.compute.groups import RoundFailed, publisher_of
 
 log = logging.getLogger(__name__)
 
@@ -291,13 +290,6 @@ class TrainerGroup:
             self.averager.shutdown()
         with contextlib.suppress(Exception):
             self.dht.shutdown()
-
-
-def publisher_of(infos: list[dict[str, Any]]) -> str:
-    """The member that joined the group first (then the smallest peer id): every member
-    computes the same from the gathered infos."""
-    first = min(infos, key=lambda i: (float(i.get("joined", math.inf)), str(i["peer"])))
-    return str(first["peer"])
 
 
 class _Connect:

@@ -4,6 +4,7 @@ to the training child), a step's statistics, and the collapse watch the node pro
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,3 +109,10 @@ def remove_stale_sockets(pattern: str = "hivemind-*.sock", folder: Path = Path("
             except OSError:
                 continue
     return removed
+
+
+def publisher_of(infos: list[dict[str, Any]]) -> str:
+    """The member that joined the group first (then the smallest peer id): every member
+    computes the same from the gathered infos."""
+    first = min(infos, key=lambda i: (float(i.get("joined", math.inf)), str(i["peer"])))
+    return str(first["peer"])

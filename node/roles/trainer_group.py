@@ -13,7 +13,7 @@ Decisions this module owns:
   ``ceil(submissions_per_step / live trainers)`` per round; an idle trainer joins a round a peer
   wants with weight 0.
 - **Publishing** (``_publish_round``): the round's publisher (the member that joined the group
-  first, ``node.compute.averaging.publisher_of``) cuts and announces the version; the others
+  first, ``node.compute.groups.publisher_of``) cuts and announces the version; the others
   load its copy through SHARDCAST. A publisher that falls out of the live set before announcing
   is replaced by the next member (smallest peer id), which publishes its own (averaged, so equal
   up to float noise) copy; one that announced and died before anyone held the copy is replaced

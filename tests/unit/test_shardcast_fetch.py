@@ -212,4 +212,5 @@ async def test_shards_that_a_peer_holds_come_from_the_peer_not_the_origin(
     result = await c.fetch(config=dataclasses.replace(FAST, explore=0.0), origins=["origin"])
     assert result.path.read_bytes() == c.data
     total = len(c.signed.message.shard_hashes)
-    assert stats(result, "origin").shards <= total // 8  # peers had free slots for the rest
+    # peers had free slots for the rest; with the origin weighed as any peer it serves ~1/4
+    assert stats(result, "origin").shards <= total // 6

@@ -163,7 +163,7 @@ async def _no_sleep(_seconds: float) -> None:
 def test_the_publisher_is_the_member_that_joined_first() -> None:
     """A restarted or new trainer (fresh Adam moments) does not publish while a member that was
     there before it is in the round; every member computes the same from the gathered infos."""
-    from node.compute.averaging import publisher_of
+    from node.compute.groups import publisher_of  # no hivemind: libp2p shares this process
 
     infos = [
         {"peer": "A", "joined": 50.0},  # restarted: smallest id, but joined last
