@@ -64,9 +64,10 @@ async def test_a_two_rank_trainer_publishes_accepted_versions_and_dies_whole(
             return swarm.version() >= v
 
         await wait_until(lambda: version_at_least(2), 240, poll=0.5)
-        # Work made with the versions this trainer published (1 and 2) was judged and accepted.
+        # Work made with a version this trainer published was judged and accepted (a worker may
+        # skip a version that was already superseded when it fetched, so not necessarily each).
         await wait_until(
-            lambda: {1, 2} <= accepted_versions(swarm.validator_ledger()), 120, poll=0.5
+            lambda: max(accepted_versions(swarm.validator_ledger()), default=0) >= 1, 120, poll=0.5
         )
         node = swarm.proc("trainer").popen
         assert node is not None
