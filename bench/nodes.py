@@ -26,26 +26,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import trio
 from rich.console import Console
 from rich.table import Table
 
 from node import admin
+from swarm.process import child_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("bootstrap", "worker-0", "validator", "trainer")
 UP = [sys.executable, "-m", "cli.app", "up", "--workers", "1", "--no-cheater"]
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGESIZE")
-
-
-def status(home: Path) -> dict[str, Any] | None:
-    try:
-        answer = trio.run(admin.query, admin.socket_path(home), {"cmd": "status"})
-    except Exception:
-        return None
-    out: dict[str, Any] = answer["status"]
-    return out
 
 
 def worked(name: str, st: dict[str, Any] | None) -> bool:
@@ -63,10 +54,7 @@ def worked(name: str, st: dict[str, Any] | None) -> bool:
 
 def children(pid: int) -> list[int]:
     """Every descendant of ``pid``."""
-    direct: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):  # a thread may have started it
-        with contextlib.suppress(OSError):
-            direct += [int(p) for p in (task / "children").read_text().split()]
+    direct = child_pids(pid)
     return direct + [d for c in direct for d in children(c)]
 
 
@@ -120,7 +108,7 @@ def main() -> None:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and len(seen) < len(NAMES):
             for name in NAMES:
-                st = status(out / "homes" / name)
+                st = admin.read_status(out / "homes" / name)
                 if name not in seen and worked(name, st):
                     assert st is not None
                     seen[name] = st
@@ -128,9 +116,9 @@ def main() -> None:
         pids = {name: st["process"]["pid"] for name, st in seen.items()}
         figures = measure(pids, args.window)
         for name, st in seen.items():
-            figures[name]["heavy_modules"] = (status(out / "homes" / name) or st)["process"][
-                "heavy_modules"
-            ]
+            figures[name]["heavy_modules"] = (admin.read_status(out / "homes" / name) or st)[
+                "process"
+            ]["heavy_modules"]
     finally:
         proc.send_signal(signal.SIGINT)
         try:

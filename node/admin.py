@@ -136,3 +136,14 @@ async def query(path: Path, request: dict[str, Any], timeout: float = 5.0) -> di
     if not answer.get("ok"):
         raise SwarmError(str(answer.get("error", "the node refused the request")))
     return answer
+
+
+def read_status(home: Path) -> dict[str, Any] | None:
+    """The node's ``status`` over its admin socket, from outside an event loop; ``None`` when it
+    does not answer (not started yet, or gone)."""
+    try:
+        answer = trio.run(query, socket_path(home), {"cmd": "status"})
+    except Exception:
+        return None
+    status: dict[str, Any] = answer["status"]
+    return status

@@ -10,6 +10,7 @@ the contract holds on a running node, and what the node costs the machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import sys
@@ -46,3 +47,12 @@ def usage() -> dict[str, Any]:
         "cpu_s": round(ru.ru_utime + ru.ru_stime, 3),
         "heavy_modules": heavy_modules(),
     }
+
+
+def child_pids(pid: int) -> list[int]:
+    """Child processes of ``pid``, whichever of its threads started them (Linux)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            out += [int(p) for p in (task / "children").read_text().split()]
+    return out

@@ -20,20 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
 from node import admin
+from swarm.process import child_pids
 
 UP = [sys.executable, "-m", "cli.app", "up"]
-
-
-def _status(home: Path) -> dict[str, Any] | None:
-    try:
-        answer = trio.run(admin.query, admin.socket_path(home), {"cmd": "status"})
-    except Exception:
-        return None
-    status: dict[str, Any] = answer["status"]
-    return status
 
 
 def _worked(name: str, status: dict[str, Any] | None) -> bool:
@@ -48,15 +39,6 @@ def _worked(name: str, status: dict[str, Any] | None) -> bool:
     if name == "trainer":
         return (status.get("policy_version") or 0) >= 2
     return True
-
-
-def _children(pid: int) -> list[int]:
-    """Child processes of ``pid``, whichever of its threads started them."""
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            out += [int(p) for p in (task / "children").read_text().split()]
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +67,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[s
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and len(seen) < len(names):
             for name in names:
-                status = _status(out / "homes" / name)
+                status = admin.read_status(out / "homes" / name)
                 if name not in seen and _worked(name, status):
                     assert status is not None
                     seen[name] = status
@@ -95,7 +77,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[s
         for status in seen.values():  # the compute children, while they still run
             status["child_maps"] = [
                 Path(f"/proc/{child}/maps").read_text()
-                for child in _children(status["process"]["pid"])
+                for child in child_pids(status["process"]["pid"])
                 if Path(f"/proc/{child}/maps").exists()
             ]
         yield seen
