@@ -127,6 +127,7 @@ class RoleHandle:
                 "version": t.version,
                 "reward_by_version": t.stats.reward_by_version(),
                 "queued": t.stats.queued,
+                "too_old": t.stats.too_old,
                 "idle_fraction": None if math.isnan(t.idle_fraction()) else t.idle_fraction(),
                 "rollbacks": t.stats.rollbacks,
                 "published_at": t.stats.published_at,

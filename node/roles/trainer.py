@@ -125,6 +125,12 @@ class Trainer:
         if not v.accepted or v.submission_id != submission.id or v.run_id != self.node.run_id:
             raise ValidationError("the verdict does not accept this submission of this run")
         s = submission.message
+        if s.policy_version < self.version - self.params.async_level:
+            # Late work (a restarted validator's outbox, a slow worker): no step can take it
+            # any more. Taken and dropped, not queued: a row older than the window would only
+            # wait for the next ``retain`` to delete it.
+            self.stats.too_old += 1
+            return b"too old"
         gs = self.params.group_size
         if len(v.rewards) != len(s.samples) or len(s.samples) != gs * len(s.prompt_ids):
             raise ValidationError("rewards do not match the samples")
@@ -259,6 +265,7 @@ class Trainer:
                 await self.group.join()
             else:
                 released = self.queue.recover(self.version)
+                self.retain()  # what arrived while the child started, checked against v0
                 if released or self.version:
                     log.info("resumed at policy v%d (%d samples back)", self.version, released)
                 await self.publish(self.version)

@@ -34,6 +34,8 @@ class TrainerStats:
     idle_seconds: float = 0.0
     busy_seconds: float = 0.0
     queued: int = 0
+    too_old: int = 0
+    """Accepted work that arrived after it left the async window (taken and dropped)."""
     rollbacks: int = 0
     started: float = field(default_factory=time.monotonic)
     published_at: dict[int, float] = field(default_factory=dict)
