@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,13 +228,12 @@ class Validator:
                     self.newcomers.spend(took)
                 if self.rogue is not None:
                     judgement = self.rogue(submission, judgement, ctx)
-            recorded = self._record(submission, judgement, related=related)
-            if judgement.accepted:
-                # In the outbox before any await: a kill after this point loses nothing. The
-                # outbox holds the verdict's id; the verdict names the submission, which goes
-                # to one trainer (the first of its rendezvous order; ``_deliver`` moves on).
-                trainers = trainer_order(submission.id, self.node.config.genesis.message.trainers)
-                self.ledger.queue_handoff(recorded.verdict.id, trainers[:1])
+            # Accepted work enters the outbox in the verdict's own transaction: a kill at any
+            # point loses neither. The outbox holds the verdict's id; the verdict names the
+            # submission, which goes to one trainer (the first of its rendezvous order;
+            # ``_deliver`` moves on).
+            trainers = trainer_order(submission.id, self.node.config.genesis.message.trainers)
+            recorded = self._record(submission, judgement, related=related, hand_to=trainers[:1])
         self._count(judgement)
         await self.publish(recorded)
         if judgement.accepted:
@@ -353,6 +352,7 @@ class Validator:
         *,
         related: list[Signed[RolloutSubmission]] | None = None,
         disputed: Signed[Verdict] | None = None,
+        hand_to: Sequence[str] = (),
     ) -> Recorded:
         """Sign and store the verdict, its events and evidence; the verdict is our claim."""
         earned = self.has_history(submission.signer)  # before its slash lowers the balance
@@ -366,6 +366,7 @@ class Validator:
             related=related or [],
             disputed=disputed,
             earned=earned,
+            hand_to=hand_to,
         )
         self.claims.note(recorded.verdict)
         return recorded

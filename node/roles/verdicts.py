@@ -46,10 +46,12 @@ def record_judgement(
     disputed: Signed[Verdict] | None = None,
     now_ms: int | None = None,
     earned: bool = True,
+    hand_to: Sequence[str] = (),
 ) -> Recorded:
     """Sign the verdict and its ledger events, keep the evidence, store verdict and events;
     return them to gossip. ``related``: the other submission of an equivocation; ``disputed``:
-    another validator's accepting verdict on this submission that this judgement rejects."""
+    another validator's accepting verdict on this submission that this judgement rejects;
+    ``hand_to``: the trainers accepted work goes to, queued in the outbox with the verdict."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     verdict = sign(judgement.verdict(submission, now), key)
     run_id = submission.message.run_id
@@ -81,5 +83,6 @@ def record_judgement(
             evidence.put(
                 signed.raw, signed.envelope.kind, pinned=pinned, peer=worker, earned=earned
             )
-    store.add(events, verdicts=[verdict])  # the verdict first: the rules read it
+    # The verdict first (the rules read it), with its hand-off in the same transaction.
+    store.add(events, verdicts=[verdict], hand_to=hand_to if judgement.accepted else ())
     return Recorded(verdict, events)

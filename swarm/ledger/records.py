@@ -1,6 +1,7 @@
 """The validator's durable outbox, in the ledger's SQLite file: accepted work (by verdict id; the
-verdict names the submission) that must still reach each trainer. The validator queues it right
-after storing the verdict, before any await, so a kill -9 loses no accepted work.
+verdict names the submission) that must still reach each trainer. The validator queues it in the
+transaction that stores the verdict (``LedgerStore.add(hand_to=...)``), so a kill -9 at any
+moment loses no accepted work.
 
 (The evidence behind verdicts and the request claims live in ``swarm.evidence`` and
 ``node.roles.claims``.) ``WorkRecords`` is a mixin of ``LedgerStore``: one connection, one file
@@ -10,7 +11,6 @@ per run.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
 from pathlib import Path
 
 from swarm.errors import StorageError
@@ -28,13 +28,6 @@ CREATE TABLE IF NOT EXISTS handoffs (
 class WorkRecords:
     path: Path
     _db: sqlite3.Connection
-
-    def queue_handoff(self, verdict: bytes, trainers: Iterable[str]) -> None:
-        """Remember that the work ``verdict`` accepted must reach each trainer."""
-        self._write(
-            "INSERT OR IGNORE INTO handoffs (verdict, trainer) VALUES (?, ?)",
-            [(verdict, t) for t in trainers],
-        )
 
     def pending_handoffs(self, limit: int = 64) -> list[tuple[bytes, str]]:
         """Up to ``limit`` (verdict id, trainer) pairs not delivered yet."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,10 +157,14 @@ class LedgerStore(WorkRecords):
         self,
         events: Iterable[Signed[LedgerEvent]],
         verdicts: Iterable[Signed[Verdict]] = (),
+        *,
+        hand_to: Sequence[str] = (),
     ) -> list[Signed[LedgerEvent]]:
         """Store ``verdicts``, then check and store ``events``; returns the events that were new
         to the set. Raises ``ValidationError`` before writing anything if any verdict or event
-        breaks the run's rules; events whose verdict is still missing go to ``pending``."""
+        breaks the run's rules; events whose verdict is still missing go to ``pending``.
+        ``hand_to``: trainers each of ``verdicts`` must reach, queued in the hand-off outbox in
+        the same transaction (a kill between the verdict and its hand-off loses neither)."""
         batch_verdicts = {v.id: v for v in verdicts}
         for verdict in batch_verdicts.values():
             check_verdict(verdict, self.genesis, run_id=self._run_id)
@@ -188,6 +192,10 @@ class LedgerStore(WorkRecords):
             self._db.execute("BEGIN IMMEDIATE")
             for verdict in batch_verdicts.values():
                 self._insert_verdict(verdict, facts[verdict.id])
+            self._db.executemany(
+                "INSERT OR IGNORE INTO handoffs (verdict, trainer) VALUES (?, ?)",
+                [(vid, t) for vid in batch_verdicts for t in hand_to],
+            )
             for event, entry, signer in checked:
                 if self._insert(event, entry, signer):
                     added.append(event)

@@ -45,8 +45,8 @@ async def test_a_trainer_refusing_one_item_forever_does_not_hold_up_the_rest(
             sub,
             Judgement(True, "none", [], [1.0]),
             PARAMS,
+            hand_to=[TRAINER],
         )
-        validator.ledger.queue_handoff(recorded.verdict.id, [TRAINER])
         return recorded.verdict
 
     verdicts = [accepted(counter) for counter in range(4)]
