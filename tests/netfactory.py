@@ -24,6 +24,7 @@ from node.home import NodeHome
 from node.run import create_genesis
 from node.runtime import Node, RuntimeConfig
 from swarm.identity import NodeKey
+from swarm.messages import RunGenesis, Signed
 from swarm.net import DialPolicy
 
 LOOPBACK = ("/ip4/127.0.0.1/tcp/0",)
@@ -32,6 +33,23 @@ FAST_DIAL = DialPolicy(attempts=3, timeout=3.0, backoff=0.1, max_backoff=0.5)
 
 def key_named(name: str) -> NodeKey:
     return NodeKey.from_seed(hashlib.sha256(name.encode()).digest())
+
+
+def loopback_config(
+    key: NodeKey, genesis: Signed[RunGenesis], role: Any, bootstrap: list[str], **extra: Any
+) -> RuntimeConfig:
+    """A node of ``role`` listening on 127.0.0.1 (a free port) that joins through
+    ``bootstrap`` and dials with test-speed retries; ``extra``: any other ``RuntimeConfig``
+    field."""
+    return RuntimeConfig(
+        key=key,
+        genesis=genesis,
+        role=role,
+        listen=LOOPBACK,
+        bootstrap=bootstrap,
+        dial=FAST_DIAL,
+        **extra,
+    )
 
 
 async def wait_until(
@@ -119,16 +137,14 @@ class NetFactory:
         if home:
             assert self.home_root is not None
             node_home = NodeHome(self.home_root / f"n{self._count}")
-        return RuntimeConfig(
-            key=key,
-            genesis=self.genesis,
-            role=role,  # type: ignore[arg-type]
-            listen=LOOPBACK,
-            bootstrap=bootstrap,
+        return loopback_config(
+            key,
+            self.genesis,
+            role,
+            bootstrap,
             home=node_home,
             heartbeat=self.heartbeat,
             discover_every_s=self.discover_every_s,
-            dial=FAST_DIAL,
             **extra,
         )
 

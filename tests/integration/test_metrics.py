@@ -23,7 +23,7 @@ from swarm.identity import NodeKey
 from swarm.messages import RolloutSubmission, RunParams, Sample, sign
 from swarm.net.names import SUBMIT
 from swarm.net.protocols import SUBMIT_LIMITS
-from tests.netfactory import FAST_DIAL, LOOPBACK, key_named, wait_until
+from tests.netfactory import LOOPBACK, key_named, loopback_config, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -54,15 +54,13 @@ async def test_a_validator_with_a_metrics_port_answers_a_scrape(tmp_path: Path) 
         )
 
         def config(key: NodeKey, role: str, metrics_port: int | None = None) -> RuntimeConfig:
-            return RuntimeConfig(
-                key=key,
-                genesis=GENESIS,
-                role=role,  # type: ignore[arg-type]
-                listen=LOOPBACK,
-                bootstrap=boot.addrs()[:1],
+            return loopback_config(
+                key,
+                GENESIS,
+                role,
+                boot.addrs()[:1],
                 heartbeat=0.2,
                 discover_every_s=0.5,
-                dial=FAST_DIAL,
                 metrics_port=metrics_port,
             )
 

@@ -30,7 +30,7 @@ from swarm.messages import PolicyAnnouncement, RunGenesis, RunParams, Signed, si
 from swarm.net.records import wall_clock_ms
 from swarm.shardcast import publish
 from tests.hf_model import make_test_model
-from tests.netfactory import FAST_DIAL, LOOPBACK, key_named, wait_until
+from tests.netfactory import LOOPBACK, key_named, loopback_config, wait_until
 
 PARAMS = RunParams(group_size=2, batch_prompts=1, max_tokens=6, async_level=2)
 
@@ -78,16 +78,14 @@ class Swarm:
 
     def config(self, name: str, role: str, home: NodeHome | None = None) -> RuntimeConfig:
         assert self.boot is not None
-        return RuntimeConfig(
-            key=key_named(name),
-            genesis=self.genesis,
-            role=role,  # type: ignore[arg-type]
-            listen=LOOPBACK,
-            bootstrap=self.boot.addrs()[:1],
+        return loopback_config(
+            key_named(name),
+            self.genesis,
+            role,
+            self.boot.addrs()[:1],
             home=home,
             heartbeat=0.2,
             discover_every_s=0.5,
-            dial=FAST_DIAL,
         )
 
     async def start(

@@ -22,11 +22,11 @@ from node.compute.torch_engine import TorchEngine
 from node.model import DEFAULT_MODEL_DIR
 from node.roles.launch import RoleHandle, launch
 from node.run import create_genesis
-from node.runtime import Node, RuntimeConfig
+from node.runtime import Node
 from swarm.identity import NodeKey
 from swarm.messages import PolicyAnnouncement, Role, RunParams, decode
 from swarm.net import policy_topic
-from tests.netfactory import FAST_DIAL, LOOPBACK, key_named, wait_until
+from tests.netfactory import LOOPBACK, key_named, loopback_config, wait_until
 
 PARAMS = RunParams(group_size=4, batch_prompts=2, max_tokens=8, async_level=1)
 NEVER = 1e9
@@ -86,15 +86,13 @@ class Swarm:
                     )
                 )
             )
-        config = RuntimeConfig(
-            key=key,
-            genesis=self.genesis,
-            role=role,
-            listen=LOOPBACK,
-            bootstrap=self.boot.addrs()[:1],
+        config = loopback_config(
+            key,
+            self.genesis,
+            role,
+            self.boot.addrs()[:1],
             heartbeat=0.2,
             discover_every_s=0.5,
-            dial=FAST_DIAL,
         )
         node = await self.stack.enter_async_context(Node.start(config))
         dropped = deafen(node) if deaf else []

@@ -16,9 +16,9 @@ from node.model import DEFAULT_MODEL_DIR
 from node.roles.cheats import edit_token
 from node.roles.launch import RoleHandle, launch
 from node.run import create_genesis
-from node.runtime import Node, RuntimeConfig
+from node.runtime import Node
 from swarm.messages import RunParams
-from tests.netfactory import FAST_DIAL, LOOPBACK, key_named, wait_until
+from tests.netfactory import LOOPBACK, key_named, loopback_config, wait_until
 
 PARAMS = RunParams(group_size=4, batch_prompts=2, max_tokens=8, async_level=2)
 
@@ -50,15 +50,13 @@ async def test_swarm_trains_and_slashes_the_cheater(tmp_path: Path) -> None:
         )
 
         async def start(key, role: str, **kw) -> RoleHandle:  # type: ignore[no-untyped-def]
-            config = RuntimeConfig(
-                key=key,
-                genesis=genesis,
-                role=role,  # type: ignore[arg-type]
-                listen=LOOPBACK,
-                bootstrap=boot.addrs()[:1],
+            config = loopback_config(
+                key,
+                genesis,
+                role,
+                boot.addrs()[:1],
                 heartbeat=0.2,
                 discover_every_s=0.5,
-                dial=FAST_DIAL,
             )
             node = await stack.enter_async_context(Node.start(config))
             return await stack.enter_async_context(

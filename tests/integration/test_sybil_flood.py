@@ -46,7 +46,7 @@ from swarm.identity import NodeKey
 from swarm.messages import RunParams, Verdict, decode, run_id_of, sign
 from swarm.net.names import SUBMIT
 from swarm.net.protocols import SUBMIT_LIMITS
-from tests.netfactory import FAST_DIAL, LOOPBACK, key_named, wait_until
+from tests.netfactory import LOOPBACK, key_named, loopback_config, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -109,16 +109,14 @@ async def test_honest_workers_are_credited_through_a_flood_of_50_fresh_identitie
         )
 
         def config(key: NodeKey, role: str, home: Path | None = None) -> RuntimeConfig:
-            return RuntimeConfig(
-                key=key,
-                genesis=GENESIS,
-                role=role,  # type: ignore[arg-type]
-                listen=LOOPBACK,
-                bootstrap=boot.addrs()[:1],
+            return loopback_config(
+                key,
+                GENESIS,
+                role,
+                boot.addrs()[:1],
                 home=None if home is None else NodeHome(home),
                 heartbeat=0.5,
                 discover_every_s=2.0,
-                dial=FAST_DIAL,
             )
 
         trainer = await stack.enter_async_context(Node.start(config(TRAINER, "trainer")))

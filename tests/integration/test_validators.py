@@ -40,7 +40,7 @@ from swarm.messages import LedgerEvent, RolloutSubmission, RunParams, Signed, Ve
 from swarm.net import DialPolicy
 from swarm.net.names import SUBMIT
 from swarm.net.protocols import SUBMIT_LIMITS
-from tests.netfactory import FAST_DIAL, LOOPBACK, key_named, wait_until
+from tests.netfactory import LOOPBACK, key_named, loopback_config, wait_until
 
 PARAMS = RunParams(group_size=2, batch_prompts=2, max_tokens=8, async_level=2, rejudge_share=1.0)
 PATIENT_DIAL = DialPolicy(attempts=5, timeout=10.0, backoff=0.5, max_backoff=2.0)
@@ -98,15 +98,13 @@ async def test_validators_check_each_other_and_the_audit_replays_from_the_swarm(
         )
 
         def config(key: NodeKey, role: str) -> RuntimeConfig:
-            return RuntimeConfig(
-                key=key,
-                genesis=GENESIS,
-                role=role,  # type: ignore[arg-type]
-                listen=LOOPBACK,
-                bootstrap=boot.addrs()[:1],
+            return loopback_config(
+                key,
+                GENESIS,
+                role,
+                boot.addrs()[:1],
                 heartbeat=0.5,  # eleven nodes in one process: keep the background chatter low
                 discover_every_s=2.0,
-                dial=FAST_DIAL,
             )
 
         async def start(

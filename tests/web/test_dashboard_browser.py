@@ -29,7 +29,7 @@ from bootstrap.service import BootstrapConfig, BootstrapPeer
 from node.web.queries import LedgerQueries
 from node.web.serve import serve_dashboard
 from node.web.views import HolderWatch, PolicyLog, RunView, bootstrap_view, node_view
-from tests.netfactory import FAST_DIAL, LOOPBACK, key_named, wait_until
+from tests.netfactory import LOOPBACK, key_named, loopback_config, wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -128,7 +128,7 @@ async def test_a_browser_sees_the_swarm_train_and_the_cheater_banned(tmp_path: P
     from node.roles.cheats import edit_token
     from node.roles.launch import RoleHandle, launch
     from node.run import create_genesis
-    from node.runtime import Node, RuntimeConfig
+    from node.runtime import Node
     from swarm.messages import RunParams
 
     params = RunParams(group_size=4, batch_prompts=2, max_tokens=8, async_level=2)
@@ -167,15 +167,13 @@ async def test_a_browser_sees_the_swarm_train_and_the_cheater_banned(tmp_path: P
         url = await nursery.start(serve_dashboard, view, "127.0.0.1", 0)
 
         async def start(key, role: str, **kw) -> RoleHandle:  # type: ignore[no-untyped-def]
-            config = RuntimeConfig(
-                key=key,
-                genesis=genesis,
-                role=role,  # type: ignore[arg-type]
-                listen=LOOPBACK,
-                bootstrap=boot.addrs()[:1],
+            config = loopback_config(
+                key,
+                genesis,
+                role,
+                boot.addrs()[:1],
                 heartbeat=0.2,
                 discover_every_s=0.5,
-                dial=FAST_DIAL,
             )
             node = await stack.enter_async_context(Node.start(config))
             return await stack.enter_async_context(

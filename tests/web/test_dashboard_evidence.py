@@ -17,7 +17,7 @@ from node.web.views import HolderWatch, PolicyLog, RunView
 from swarm.evidence import EvidenceStore
 from swarm.identity import NodeKey
 from tests import ledger_factory as lf
-from tests.netfactory import FAST_DIAL, LOOPBACK
+from tests.netfactory import loopback_config
 
 WORKER = NodeKey.from_seed(b"\x51" * 32)
 CHEAT = NodeKey.from_seed(b"\x52" * 32)
@@ -25,14 +25,12 @@ SLASHED = "SELECT evidence FROM events WHERE event = 'slash'"
 
 
 def _config(key: NodeKey, role: str, bootstrap: list[str]) -> RuntimeConfig:
-    return RuntimeConfig(
-        key=key,
-        genesis=lf.genesis(),
-        role=role,  # type: ignore[arg-type]
-        listen=LOOPBACK,
-        bootstrap=bootstrap,
+    return loopback_config(
+        key,
+        lf.genesis(),
+        role,
+        bootstrap,
         heartbeat=0.2,
-        dial=FAST_DIAL,
         connect_found_peers=False,
     )
 
