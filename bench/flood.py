@@ -1,7 +1,7 @@
 """A validator under a Sybil flood, against the same swarm without it (issue 15).
 
     .venv/bin/python bench/flood.py [--json PATH] [--seconds S] [--identities N] [--workers W]
-        [--flood-nice N]
+        [--flood-nice N] [--interleave K]
 
 Two runs of a local swarm of processes on 127.0.0.1 (``node.up.LocalSwarm``: bootstrap,
 trainer, validator with its compute child, W honest workers, no cheater; the demo parameters).
@@ -11,6 +11,12 @@ validator for those S seconds from N fresh identities, each a libp2p host of its
 garbage for its real assignment (of the validator's newest version, passed through a file),
 unassigned work, replays, 8 MiB submissions, in rounds until the time is up. The window starts
 once the flood's hosts are up.
+
+``--interleave K`` measures in one swarm instead: K pairs of a quiet and a flooded window of
+S/K seconds each, alternating, every flooded window from fresh identities of its own (a seed
+each), and compares the summed windows of each kind. On a machine whose load moves (this one
+is shared), both kinds then see the same load; with two swarms minutes apart the quiet rate
+alone moved by a factor of 2-3 between runs. ``interleave`` in the JSON says which was run.
 
 ``--flood-nice N`` runs the flood process at that niceness (default 0: none). On one machine
 the flood's own CPU comes out of the same cores as the honest workers'; a real attacker runs on
@@ -41,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -109,14 +116,19 @@ def _children_cpu() -> float:
 
 
 async def _start_flood(
-    swarm: LocalSwarm, version_file: Path, seconds: float, identities: int, nice: int
+    swarm: LocalSwarm,
+    version_file: Path,
+    seconds: float,
+    identities: int,
+    nice: int,
+    seed: int = 0,
 ) -> trio.Process:
     """The flood process, once its hosts are up (it says ``flooding`` on stderr)."""
     validator = swarm.proc("validator")
     addr = next(a for a in validator.status.get("listen_addrs", []) if "/127.0.0.1/" in a)
     cmd = [sys.executable, "-m", "tests.flood", "--genesis", str(swarm.genesis_path)]
     cmd += ["--addr", addr, "--identities", str(identities), "--rounds", str(10**6)]
-    cmd += ["--seconds", str(seconds), "--version-file", str(version_file)]
+    cmd += ["--seconds", str(seconds), "--version-file", str(version_file), "--seed", str(seed)]
     if nice:
         cmd = ["nice", "-n", str(nice), *cmd]
     proc = await trio.lowlevel.open_process(
@@ -155,40 +167,32 @@ async def _finish_flood(proc: trio.Process) -> dict[str, Any]:
     return result
 
 
-async def one_run(
-    out: Path, seconds: float, identities: int, workers: int, flood: bool, nice: int = 0
+async def _window(
+    swarm: LocalSwarm,
+    seconds: float,
+    identities: int,
+    flood: bool,
+    nice: int,
+    seed: int,
+    peak: list[float],
 ) -> dict[str, Any]:
-    swarm = LocalSwarm(
-        UpConfig(
-            out=out, workers=workers, versions=10**6, minutes=60, with_cheater=False, http=None
-        )
-    )
-    swarm.prepare()
-    peak = 0.0
-    version_file = out / "flood.version"
+    """Measure one window of ``seconds`` (flooded from fresh identities of ``seed`` if asked)."""
+    validator = swarm.proc("validator")
+    assert validator.popen is not None
+    pid = validator.popen.pid
+    run_dir = swarm.validator_ledger().parent
+    version_file = swarm.out / "flood.version"
     flood_proc: trio.Process | None = None
     try:
-        await swarm.start()
-        validator = swarm.proc("validator")
-        assert validator.popen is not None
-        pid = validator.popen.pid
-        with trio.fail_after(600):  # startup and a first credit for every worker
-            while True:
-                await swarm.poll()
-                peak = max(peak, rss_and_cpu(pid)[0])
-                v = validator_status(swarm)
-                if v.get("accepted", 0) >= workers:
-                    break
-                if swarm.finished() is not None and "exited" in str(swarm.finished()):
-                    raise RuntimeError(swarm.finished())
-                await trio.sleep(0.5)
-        run_dir = swarm.validator_ledger().parent
         children0 = _children_cpu()
         if flood:
             # The validator's own newest version (its status): inside its window.
             _write_version(version_file, int(validator.status.get("policy_version") or 0))
             # A little longer than the window: the flood covers all of it.
-            flood_proc = await _start_flood(swarm, version_file, seconds + 2, identities, nice)
+            flood_proc = await _start_flood(
+                swarm, version_file, seconds + 2, identities, nice, seed
+            )
+        await swarm.poll()
         start_v, start_t = validator_status(swarm), time.monotonic()
         disk0 = disk_usage(run_dir)["total"]
         procs = [p for p in swarm.procs if p.popen is not None]
@@ -197,48 +201,111 @@ async def one_run(
         deadline = start_t + seconds
         while time.monotonic() < deadline:
             await swarm.poll()
-            peak = max(peak, rss_and_cpu(pid)[0])
+            peak[0] = max(peak[0], rss_and_cpu(pid)[0])
             if flood:
                 _write_version(version_file, int(validator.status.get("policy_version") or 0))
             await trio.sleep(0.5)
         await swarm.poll()
         end_v, wall = validator_status(swarm), time.monotonic() - start_t
         cpu = {
-            p.name: round(rss_and_cpu(p.popen.pid)[1] - cpu0[p.name], 1)
-            for p in procs
-            if p.popen is not None
+            p.name: rss_and_cpu(p.popen.pid)[1] - cpu0[p.name] for p in procs if p.popen is not None
         }
         own = time.process_time() - own0
         stats = None if flood_proc is None else await _finish_flood(flood_proc)
-        flood_cpu = _children_cpu() - children0
-        judge = end_v.get("judge_seconds", 0.0) - start_v.get("judge_seconds", 0.0)
-        newcomer = end_v.get("newcomer_judge_seconds", 0.0) - start_v.get(
-            "newcomer_judge_seconds", 0.0
-        )
-        accepted = end_v.get("accepted", 0) - start_v.get("accepted", 0)
-        return {
-            "flood": flood,
-            "flood_nice": nice if flood else None,
-            "seconds": round(wall, 1),
-            "honest_accepted_samples": accepted * SAMPLES,
-            "honest_samples_per_s": accepted * SAMPLES / wall,
-            "validator_peak_rss_mib": round(peak, 1),
-            "disk_growth_mib": round((disk_usage(run_dir)["total"] - disk0) / 2**20, 3),
-            "validator_cpu_s": cpu["validator"],
-            "cpu_s": cpu,
-            "bench_process_cpu_s": round(own, 1),
-            "flood_process_cpu_s": round(flood_cpu, 1) if flood else 0.0,
-            "judge_s": round(judge, 1),
-            "flood_judge_share": newcomer / judge if judge else 0.0,
-            "refusals": end_v.get("refusals", {}),
-            "rate_limited": end_v.get("rate_limited", 0),
-            "rejected_hard": end_v.get("rejected_hard", 0) - start_v.get("rejected_hard", 0),
-            "flood_sent": stats["sent"] if stats else {},
-            "flood_outcomes": stats["outcomes"] if stats else {},
-        }
     finally:
         if flood_proc is not None and flood_proc.returncode is None:
             flood_proc.kill()  # the run failed midway: no flood left behind
+    flood_cpu = _children_cpu() - children0
+
+    def delta(key: str) -> float:
+        return float(end_v.get(key, 0) - start_v.get(key, 0))
+
+    refusals = Counter(end_v.get("refusals", {}))
+    refusals.subtract(start_v.get("refusals", {}))
+    return {
+        "seconds": wall,
+        "accepted": delta("accepted"),
+        "disk_growth": disk_usage(run_dir)["total"] - disk0,
+        "cpu_s": Counter(cpu),
+        "bench_process_cpu_s": own,
+        "flood_process_cpu_s": flood_cpu if flood else 0.0,
+        "judge_s": delta("judge_seconds"),
+        "newcomer_judge_s": delta("newcomer_judge_seconds"),
+        "rejected_hard": delta("rejected_hard"),
+        "refusals": refusals,
+        "flood_sent": Counter(stats["sent"] if stats else {}),
+        "flood_outcomes": Counter(stats["outcomes"] if stats else {}),
+    }
+
+
+def _merge(windows: list[dict[str, Any]], flood: bool, nice: int, peak: float) -> dict[str, Any]:
+    """The windows of one condition as one run (sums; rates over their summed time)."""
+    total: dict[str, Any] = {}
+    for w in windows:
+        for key, value in w.items():
+            total[key] = total[key] + value if key in total else value
+    wall = total["seconds"]
+    judge = total["judge_s"]
+    return {
+        "flood": flood,
+        "flood_nice": nice if flood else None,
+        "windows": len(windows),
+        "seconds": round(wall, 1),
+        "honest_accepted_samples": int(total["accepted"]) * SAMPLES,
+        "honest_samples_per_s": total["accepted"] * SAMPLES / wall,
+        "validator_peak_rss_mib": round(peak, 1),
+        "disk_growth_mib": round(total["disk_growth"] / 2**20, 3),
+        "validator_cpu_s": round(total["cpu_s"]["validator"], 1),
+        "cpu_s": {k: round(v, 1) for k, v in total["cpu_s"].items()},
+        "bench_process_cpu_s": round(total["bench_process_cpu_s"], 1),
+        "flood_process_cpu_s": round(total["flood_process_cpu_s"], 1),
+        "judge_s": round(judge, 1),
+        "flood_judge_share": total["newcomer_judge_s"] / judge if judge else 0.0,
+        "refusals": {k: v for k, v in total["refusals"].items() if v},
+        "rejected_hard": int(total["rejected_hard"]),
+        "flood_sent": dict(total["flood_sent"]),
+        "flood_outcomes": dict(total["flood_outcomes"]),
+    }
+
+
+async def one_run(
+    out: Path,
+    seconds: float,
+    identities: int,
+    workers: int,
+    floods: list[bool],
+    nice: int = 0,
+) -> list[dict[str, Any]]:
+    """One swarm: once every worker has a credit, one window per entry of ``floods`` (flooded
+    or not), each ``seconds`` long; the windows of each condition merged into one run."""
+    swarm = LocalSwarm(
+        UpConfig(
+            out=out, workers=workers, versions=10**6, minutes=60, with_cheater=False, http=None
+        )
+    )
+    swarm.prepare()
+    peak = [0.0]
+    try:
+        await swarm.start()
+        validator = swarm.proc("validator")
+        assert validator.popen is not None
+        pid = validator.popen.pid
+        with trio.fail_after(600):  # startup and a first credit for every worker
+            while True:
+                await swarm.poll()
+                peak[0] = max(peak[0], rss_and_cpu(pid)[0])
+                v = validator_status(swarm)
+                if v.get("accepted", 0) >= workers:
+                    break
+                if swarm.finished() is not None and "exited" in str(swarm.finished()):
+                    raise RuntimeError(swarm.finished())
+                await trio.sleep(0.5)
+        windows: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+        for i, flood in enumerate(floods):
+            # Each flood window from identities of its own (a seed each): fresh keys every time.
+            windows[flood].append(await _window(swarm, seconds, identities, flood, nice, i, peak))
+        return [_merge(w, flood, nice, peak[0]) for flood, w in windows.items() if w]
+    finally:
         swarm.stop()
 
 
@@ -254,23 +321,41 @@ def main() -> None:
         default=0,
         help="niceness of the flood process (models an attacker on machines of its own)",
     )
+    parser.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        help="one swarm, K pairs of (quiet, flooded) windows of S/K s each (0: two swarms)",
+    )
     args = parser.parse_args()
     console = Console(stderr=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="flood-bench-") as tmp:
-        runs = []
-        for flood in (False, True):
+        runs: list[dict[str, Any]] = []
+        if args.interleave:
+            k = args.interleave
+            console.print(
+                f"one swarm, {k} x (a quiet window, a flooded one) of {args.seconds / k:g} s"
+            )
+            runs = trio.run(
+                one_run,
+                Path(tmp) / "interleaved",
+                args.seconds / k,
+                args.identities,
+                args.workers,
+                [False, True] * k,
+                args.flood_nice,
+            )
+        for flood in () if args.interleave else (False, True):
             console.print(f"run {'with' if flood else 'without'} the flood ...")
-            runs.append(
-                trio.run(
-                    one_run,
-                    Path(tmp) / ("flood" if flood else "quiet"),
-                    args.seconds,
-                    args.identities,
-                    args.workers,
-                    flood,
-                    args.flood_nice,
-                )
+            runs += trio.run(
+                one_run,
+                Path(tmp) / ("flood" if flood else "quiet"),
+                args.seconds,
+                args.identities,
+                args.workers,
+                [flood],
+                args.flood_nice,
             )
     quiet, flooded = runs
     base = quiet["honest_samples_per_s"]
@@ -288,6 +373,7 @@ def main() -> None:
         - (quiet["validator_cpu_s"] / quiet["seconds"])
         / max(flooded["validator_cpu_s"] / flooded["seconds"], 1e-9),
         "flood_nice": args.flood_nice,
+        "interleave": args.interleave,
         "flood_process_cpu_s": flooded["flood_process_cpu_s"],
         "identities": args.identities,
         "workers": args.workers,

@@ -16,7 +16,7 @@ the test measures the validator's memory and not the flood's, by
 ``tests/integration/test_sybil_flood.py``:
 
     python -m tests.flood --genesis RUN.genesis --addr VALIDATOR_ADDR [--identities N]
-        [--rounds R] [--seconds S] [--replay FILE]... [--version-file PATH]
+        [--rounds R] [--seconds S] [--replay FILE]... [--version-file PATH] [--seed N]
                                                            # prints the outcomes as JSON
 
 ``--version-file``: the policy version to sign work of, read from this file (a number, rewritten
@@ -216,6 +216,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--replay", type=Path, action="append", default=[], help="a signed file")
     parser.add_argument("--version-file", type=Path, help="holds the version to sign work of")
+    parser.add_argument("--seed", type=int, default=0, help="another seed: other identities")
     args = parser.parse_args()
     replays = [p.read_bytes() for p in args.replay]
     version_file: Path | None = args.version_file
@@ -235,6 +236,7 @@ def main() -> None:
         rounds=args.rounds,
         honest=lambda: replays,
         version=version,
+        seed=args.seed,
     )
     flood.on_ready = lambda: print("flooding", file=sys.stderr, flush=True)
     stats = trio.run(flood.run, args.seconds)
