@@ -32,7 +32,10 @@ the quiet run's: what the flood added), ``flood_judge_share`` (of the validator'
 the flooded window, the share spent on newcomers' work), ``validator_cpu_extra_share`` (1 - the
 validator's CPU rate without the flood over with it: the part of its CPU the flood took), the
 CPU seconds of every swarm process (with its children) over the window (``cpu_s``), of the
-flood process (``flood_process_cpu_s``: the flood's own cost) and the flood's outcomes.
+flood process (``flood_process_cpu_s``: the flood's own cost), the honest workers' time spent
+generating (``worker_generate_s``: CPU-bound, longer when the cores are shared) and waiting for
+verdicts (``worker_submit_s``: the validator's latency, whatever the flood adds to it), and the
+flood's outcomes.
 Bounded in time: at most about 2 x (startup + S) + a minute; S defaults to 60.
 """
 
@@ -194,6 +197,11 @@ async def _window(
             )
         await swarm.poll()
         start_v, start_t = validator_status(swarm), time.monotonic()
+        worker0 = {
+            p.name: dict(p.status.get("role_status", {}).get("worker", {}))
+            for p in swarm.procs
+            if p.name.startswith("worker-")
+        }
         disk0 = disk_usage(run_dir)["total"]
         procs = [p for p in swarm.procs if p.popen is not None]
         cpu0 = {p.name: rss_and_cpu(p.popen.pid)[1] for p in procs if p.popen is not None}
@@ -220,6 +228,17 @@ async def _window(
     def delta(key: str) -> float:
         return float(end_v.get(key, 0) - start_v.get(key, 0))
 
+    workers = [p for p in swarm.procs if p.name.startswith("worker-")]
+    split = Counter(
+        {
+            f"worker_{key}": sum(
+                w.status.get("role_status", {}).get("worker", {}).get(key, 0.0)
+                - worker0[w.name].get(key, 0.0)
+                for w in workers
+            )
+            for key in ("generate_seconds", "submit_seconds")
+        }
+    )
     refusals = Counter(end_v.get("refusals", {}))
     refusals.subtract(start_v.get("refusals", {}))
     return {
@@ -233,6 +252,7 @@ async def _window(
         "newcomer_judge_s": delta("newcomer_judge_seconds"),
         "rejected_hard": delta("rejected_hard"),
         "refusals": refusals,
+        "worker_wait": split,
         "flood_sent": Counter(stats["sent"] if stats else {}),
         "flood_outcomes": Counter(stats["outcomes"] if stats else {}),
     }
@@ -262,6 +282,10 @@ def _merge(windows: list[dict[str, Any]], flood: bool, nice: int, peak: float) -
         "judge_s": round(judge, 1),
         "flood_judge_share": total["newcomer_judge_s"] / judge if judge else 0.0,
         "refusals": {k: v for k, v in total["refusals"].items() if v},
+        # Summed over the honest workers: generating (CPU-bound: slower when the cores are
+        # shared) and waiting for verdicts (the validator's latency, the flood's in it).
+        "worker_generate_s": round(total["worker_wait"]["worker_generate_seconds"], 1),
+        "worker_submit_s": round(total["worker_wait"]["worker_submit_seconds"], 1),
         "rejected_hard": int(total["rejected_hard"]),
         "flood_sent": dict(total["flood_sent"]),
         "flood_outcomes": dict(total["flood_outcomes"]),
@@ -414,6 +438,12 @@ def main() -> None:
         else "no honest work in the quiet run",
         highlight=False,
     )
+    for run in runs:
+        console.print(
+            f"{'flood' if run['flood'] else 'quiet'}: honest workers generated"
+            f" {run['worker_generate_s']} s and waited for verdicts {run['worker_submit_s']} s",
+            highlight=False,
+        )
     console.print(f"CPU s by process: quiet {quiet['cpu_s']}", highlight=False)
     console.print(f"CPU s by process: flood {flooded['cpu_s']}", highlight=False)
     console.print(f"flood outcomes: {flooded['flood_outcomes']}", highlight=False)
