@@ -26,7 +26,9 @@ def _flood() -> ModuleType:
 flood = _flood()
 
 
-def window(seconds: float, accepted: int, judge: float, newcomer: float, **extra: Any) -> dict:
+def window(
+    seconds: float, accepted: int, judge: float, newcomer: float, **extra: Any
+) -> dict[str, Any]:
     return {
         "seconds": seconds,
         "accepted": float(accepted),
