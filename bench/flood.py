@@ -1,13 +1,28 @@
 """A validator under a Sybil flood, against the same swarm without it (issue 15).
 
     .venv/bin/python bench/flood.py [--json PATH] [--seconds S] [--identities N] [--workers W]
+        [--flood-nice N] [--interleave K]
 
 Two runs of a local swarm of processes on 127.0.0.1 (``node.up.LocalSwarm``: bootstrap,
 trainer, validator with its compute child, W honest workers, no cheater; the demo parameters).
 Each run waits until every honest worker has been credited once (a history), then measures for
-S seconds; in the second run this process floods the validator for those S seconds from N
-fresh identities, each a libp2p host of its own (``tests/flood.py``: well-formed garbage for its
-real assignment, unassigned work, replays, 8 MiB submissions, in rounds until the time is up).
+S seconds; in the second run a process of its own (``python -m tests.flood``) floods the
+validator for those S seconds from N fresh identities, each a libp2p host of its own: well-formed
+garbage for its real assignment (of the validator's newest version, passed through a file),
+unassigned work, replays, 8 MiB submissions, in rounds until the time is up. The window starts
+once the flood's hosts are up.
+
+``--interleave K`` measures in one swarm instead: K pairs of a quiet and a flooded window of
+S/K seconds each, alternating, every flooded window from fresh identities of its own (a seed
+each), and compares the summed windows of each kind. On a machine whose load moves (this one
+is shared), both kinds then see the same load; with two swarms minutes apart the quiet rate
+alone moved by a factor of 2-3 between runs. ``interleave`` in the JSON says which was run.
+
+``--flood-nice N`` runs the flood process at that niceness (default 0: none). On one machine
+the flood's own CPU comes out of the same cores as the honest workers'; a real attacker runs on
+machines of its own, which a niced flood models (the kernel gives its CPU to the swarm first).
+It is reported in the JSON (``flood_nice``); figures with and without it are different
+experiments and are recorded as such.
 
 Reports ``honest_ratio`` (honest accepted samples per second with the flood over without; goal
 >= 0.8), ``validator_peak_rss_mib`` (the validator's process and its compute child, from /proc,
@@ -16,8 +31,11 @@ flooded window, new policy versions' shards included) and ``disk_growth_over_qui
 the quiet run's: what the flood added), ``flood_judge_share`` (of the validator's judge time in
 the flooded window, the share spent on newcomers' work), ``validator_cpu_extra_share`` (1 - the
 validator's CPU rate without the flood over with it: the part of its CPU the flood took), the
-CPU seconds of this process (the flood's own cost: on a small machine it competes with the
-honest workers for the same cores) and the flood's outcomes.
+CPU seconds of every swarm process (with its children) over the window (``cpu_s``), of the
+flood process (``flood_process_cpu_s``: the flood's own cost), the honest workers' time spent
+generating (``worker_generate_s``: CPU-bound, longer when the cores are shared) and waiting for
+verdicts (``worker_submit_s``: the validator's latency, whatever the flood adds to it), and the
+flood's outcomes.
 Bounded in time: at most about 2 x (startup + S) + a minute; S defaults to 60.
 """
 
@@ -27,9 +45,12 @@ import argparse
 import json
 import os
 import platform
+import resource
+import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +61,9 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from node.roles.launch import disk_usage
-from node.run import load_genesis
 from node.up import DEMO_PARAMS, LocalSwarm, UpConfig
-from tests.flood import Flood
+
+REPO = Path(__file__).resolve().parent.parent
 
 SAMPLES = DEMO_PARAMS.group_size * DEMO_PARAMS.batch_prompts
 CLK = os.sysconf("SC_CLK_TCK")
@@ -85,16 +106,209 @@ def validator_status(swarm: LocalSwarm) -> dict[str, Any]:
     return dict(swarm.proc("validator").status.get("role_status", {}).get("validator", {}))
 
 
-async def one_run(
-    out: Path, seconds: float, identities: int, workers: int, flood: bool
+def _write_version(path: Path, version: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(str(version))
+    tmp.replace(path)  # whole or not at all: the flood reads it at every submission
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's waited-for children (the flood process, once it ended)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+async def _start_flood(
+    swarm: LocalSwarm,
+    version_file: Path,
+    seconds: float,
+    identities: int,
+    nice: int,
+    seed: int = 0,
+) -> trio.Process:
+    """The flood process, once its hosts are up (it says ``flooding`` on stderr)."""
+    validator = swarm.proc("validator")
+    addr = next(a for a in validator.status.get("listen_addrs", []) if "/127.0.0.1/" in a)
+    cmd = [sys.executable, "-m", "tests.flood", "--genesis", str(swarm.genesis_path)]
+    cmd += ["--addr", addr, "--identities", str(identities), "--rounds", str(10**6)]
+    cmd += ["--seconds", str(seconds), "--version-file", str(version_file), "--seed", str(seed)]
+    if nice:
+        cmd = ["nice", "-n", str(nice), *cmd]
+    proc = await trio.lowlevel.open_process(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stderr is not None
+    seen = b""
+    with trio.fail_after(120):
+        while b"flooding" not in seen:
+            chunk = await proc.stderr.receive_some(4096)
+            if not chunk:
+                raise RuntimeError(f"the flood process ended before flooding: {seen[-2000:]!r}")
+            seen += chunk
+    return proc
+
+
+async def _finish_flood(proc: trio.Process) -> dict[str, Any]:
+    """The flood's JSON line (sent, outcomes, seconds), once it has ended."""
+    assert proc.stdout is not None and proc.stderr is not None
+    out = b""
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+
+            async def drain_stderr() -> None:
+                assert proc.stderr is not None
+                while await proc.stderr.receive_some(65536):
+                    pass
+
+            nursery.start_soon(drain_stderr)
+            while chunk := await proc.stdout.receive_some(65536):
+                out += chunk
+        await proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the flood process failed (exit {proc.returncode})")
+    result: dict[str, Any] = json.loads(out.decode().splitlines()[-1])
+    return result
+
+
+async def _window(
+    swarm: LocalSwarm,
+    seconds: float,
+    identities: int,
+    flood: bool,
+    nice: int,
+    seed: int,
+    peak: list[float],
 ) -> dict[str, Any]:
+    """Measure one window of ``seconds`` (flooded from fresh identities of ``seed`` if asked)."""
+    validator = swarm.proc("validator")
+    assert validator.popen is not None
+    pid = validator.popen.pid
+    run_dir = swarm.validator_ledger().parent
+    version_file = swarm.out / "flood.version"
+    flood_proc: trio.Process | None = None
+    try:
+        children0 = _children_cpu()
+        if flood:
+            # The validator's own newest version (its status): inside its window.
+            _write_version(version_file, int(validator.status.get("policy_version") or 0))
+            # A little longer than the window: the flood covers all of it.
+            flood_proc = await _start_flood(
+                swarm, version_file, seconds + 2, identities, nice, seed
+            )
+        await swarm.poll()
+        start_v, start_t = validator_status(swarm), time.monotonic()
+        worker0 = {
+            p.name: dict(p.status.get("role_status", {}).get("worker", {}))
+            for p in swarm.procs
+            if p.name.startswith("worker-")
+        }
+        disk0 = disk_usage(run_dir)["total"]
+        procs = [p for p in swarm.procs if p.popen is not None]
+        cpu0 = {p.name: rss_and_cpu(p.popen.pid)[1] for p in procs if p.popen is not None}
+        own0 = time.process_time()
+        deadline = start_t + seconds
+        while time.monotonic() < deadline:
+            await swarm.poll()
+            peak[0] = max(peak[0], rss_and_cpu(pid)[0])
+            if flood:
+                _write_version(version_file, int(validator.status.get("policy_version") or 0))
+            await trio.sleep(0.5)
+        await swarm.poll()
+        end_v, wall = validator_status(swarm), time.monotonic() - start_t
+        cpu = {
+            p.name: rss_and_cpu(p.popen.pid)[1] - cpu0[p.name] for p in procs if p.popen is not None
+        }
+        own = time.process_time() - own0
+        stats = None if flood_proc is None else await _finish_flood(flood_proc)
+    finally:
+        if flood_proc is not None and flood_proc.returncode is None:
+            flood_proc.kill()  # the run failed midway: no flood left behind
+    flood_cpu = _children_cpu() - children0
+
+    def delta(key: str) -> float:
+        return float(end_v.get(key, 0) - start_v.get(key, 0))
+
+    workers = [p for p in swarm.procs if p.name.startswith("worker-")]
+    split = Counter(
+        {
+            f"worker_{key}": sum(
+                w.status.get("role_status", {}).get("worker", {}).get(key, 0.0)
+                - worker0[w.name].get(key, 0.0)
+                for w in workers
+            )
+            for key in ("generate_seconds", "submit_seconds")
+        }
+    )
+    refusals = Counter(end_v.get("refusals", {}))
+    refusals.subtract(start_v.get("refusals", {}))
+    return {
+        "seconds": wall,
+        "accepted": delta("accepted"),
+        "disk_growth": disk_usage(run_dir)["total"] - disk0,
+        "cpu_s": Counter(cpu),
+        "bench_process_cpu_s": own,
+        "flood_process_cpu_s": flood_cpu if flood else 0.0,
+        "judge_s": delta("judge_seconds"),
+        "newcomer_judge_s": delta("newcomer_judge_seconds"),
+        "rejected_hard": delta("rejected_hard"),
+        "refusals": refusals,
+        "worker_wait": split,
+        "flood_sent": Counter(stats["sent"] if stats else {}),
+        "flood_outcomes": Counter(stats["outcomes"] if stats else {}),
+    }
+
+
+def _merge(windows: list[dict[str, Any]], flood: bool, nice: int, peak: float) -> dict[str, Any]:
+    """The windows of one condition as one run (sums; rates over their summed time)."""
+    total: dict[str, Any] = {}
+    for w in windows:
+        for key, value in w.items():
+            total[key] = total[key] + value if key in total else value
+    wall = total["seconds"]
+    judge = total["judge_s"]
+    return {
+        "flood": flood,
+        "flood_nice": nice if flood else None,
+        "windows": len(windows),
+        "seconds": round(wall, 1),
+        "honest_accepted_samples": int(total["accepted"]) * SAMPLES,
+        "honest_samples_per_s": total["accepted"] * SAMPLES / wall,
+        "validator_peak_rss_mib": round(peak, 1),
+        "disk_growth_mib": round(total["disk_growth"] / 2**20, 3),
+        "validator_cpu_s": round(total["cpu_s"]["validator"], 1),
+        "cpu_s": {k: round(v, 1) for k, v in total["cpu_s"].items()},
+        "bench_process_cpu_s": round(total["bench_process_cpu_s"], 1),
+        "flood_process_cpu_s": round(total["flood_process_cpu_s"], 1),
+        "judge_s": round(judge, 1),
+        "flood_judge_share": total["newcomer_judge_s"] / judge if judge else 0.0,
+        "refusals": {k: v for k, v in total["refusals"].items() if v},
+        # Summed over the honest workers: generating (CPU-bound: slower when the cores are
+        # shared) and waiting for verdicts (the validator's latency, the flood's in it).
+        "worker_generate_s": round(total["worker_wait"]["worker_generate_seconds"], 1),
+        "worker_submit_s": round(total["worker_wait"]["worker_submit_seconds"], 1),
+        "rejected_hard": int(total["rejected_hard"]),
+        "flood_sent": dict(total["flood_sent"]),
+        "flood_outcomes": dict(total["flood_outcomes"]),
+    }
+
+
+async def one_run(
+    out: Path,
+    seconds: float,
+    identities: int,
+    workers: int,
+    floods: list[bool],
+    nice: int = 0,
+) -> list[dict[str, Any]]:
+    """One swarm: once every worker has a credit, one window per entry of ``floods`` (flooded
+    or not), each ``seconds`` long; the windows of each condition merged into one run."""
     swarm = LocalSwarm(
         UpConfig(
             out=out, workers=workers, versions=10**6, minutes=60, with_cheater=False, http=None
         )
     )
     swarm.prepare()
-    peak = 0.0
+    peak = [0.0]
     try:
         await swarm.start()
         validator = swarm.proc("validator")
@@ -103,70 +317,18 @@ async def one_run(
         with trio.fail_after(600):  # startup and a first credit for every worker
             while True:
                 await swarm.poll()
-                peak = max(peak, rss_and_cpu(pid)[0])
+                peak[0] = max(peak[0], rss_and_cpu(pid)[0])
                 v = validator_status(swarm)
                 if v.get("accepted", 0) >= workers:
                     break
                 if swarm.finished() is not None and "exited" in str(swarm.finished()):
                     raise RuntimeError(swarm.finished())
                 await trio.sleep(0.5)
-        run_dir = swarm.validator_ledger().parent
-        start_v, start_t = validator_status(swarm), time.monotonic()
-        disk0 = disk_usage(run_dir)["total"]
-        cpu0 = rss_and_cpu(pid)[1]
-        own0 = time.process_time()
-        stats = None
-        async with trio.open_nursery() as nursery:
-            if flood:
-                addr = next(
-                    a for a in validator.status.get("listen_addrs", []) if "/127.0.0.1/" in a
-                )
-                attack = Flood(
-                    load_genesis(swarm.genesis_path),
-                    addr,
-                    identities=identities,
-                    rounds=10**6,
-                    # The validator's own newest version (its status): inside its window.
-                    version=lambda: int(validator.status.get("policy_version") or 0),
-                )
-
-                async def run_flood() -> None:
-                    await attack.run(seconds)
-
-                nursery.start_soon(run_flood)
-            deadline = start_t + seconds
-            while time.monotonic() < deadline:
-                await swarm.poll()
-                peak = max(peak, rss_and_cpu(pid)[0])
-                await trio.sleep(0.5)
-            if flood:
-                stats = attack.stats
-        await swarm.poll()
-        end_v, wall = validator_status(swarm), time.monotonic() - start_t
-        cpu = rss_and_cpu(pid)[1] - cpu0
-        own = time.process_time() - own0
-        judge = end_v.get("judge_seconds", 0.0) - start_v.get("judge_seconds", 0.0)
-        newcomer = end_v.get("newcomer_judge_seconds", 0.0) - start_v.get(
-            "newcomer_judge_seconds", 0.0
-        )
-        accepted = end_v.get("accepted", 0) - start_v.get("accepted", 0)
-        return {
-            "flood": flood,
-            "seconds": round(wall, 1),
-            "honest_accepted_samples": accepted * SAMPLES,
-            "honest_samples_per_s": accepted * SAMPLES / wall,
-            "validator_peak_rss_mib": round(peak, 1),
-            "disk_growth_mib": round((disk_usage(run_dir)["total"] - disk0) / 2**20, 3),
-            "validator_cpu_s": round(cpu, 1),
-            "bench_process_cpu_s": round(own, 1),
-            "judge_s": round(judge, 1),
-            "flood_judge_share": newcomer / judge if judge else 0.0,
-            "refusals": end_v.get("refusals", {}),
-            "rate_limited": end_v.get("rate_limited", 0),
-            "rejected_hard": end_v.get("rejected_hard", 0) - start_v.get("rejected_hard", 0),
-            "flood_sent": dict(stats.sent) if stats else {},
-            "flood_outcomes": dict(stats.outcomes) if stats else {},
-        }
+        windows: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+        for i, flood in enumerate(floods):
+            # Each flood window from identities of its own (a seed each): fresh keys every time.
+            windows[flood].append(await _window(swarm, seconds, identities, flood, nice, i, peak))
+        return [_merge(w, flood, nice, peak[0]) for flood, w in windows.items() if w]
     finally:
         swarm.stop()
 
@@ -177,22 +339,47 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window per run")
     parser.add_argument("--identities", type=int, default=50, help="fresh keys in the flood")
     parser.add_argument("--workers", type=int, default=2, help="honest inference workers")
+    parser.add_argument(
+        "--flood-nice",
+        type=int,
+        default=0,
+        help="niceness of the flood process (models an attacker on machines of its own)",
+    )
+    parser.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        help="one swarm, K pairs of (quiet, flooded) windows of S/K s each (0: two swarms)",
+    )
     args = parser.parse_args()
     console = Console(stderr=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="flood-bench-") as tmp:
-        runs = []
-        for flood in (False, True):
+        runs: list[dict[str, Any]] = []
+        if args.interleave:
+            k = args.interleave
+            console.print(
+                f"one swarm, {k} x (a quiet window, a flooded one) of {args.seconds / k:g} s"
+            )
+            runs = trio.run(
+                one_run,
+                Path(tmp) / "interleaved",
+                args.seconds / k,
+                args.identities,
+                args.workers,
+                [False, True] * k,
+                args.flood_nice,
+            )
+        for flood in () if args.interleave else (False, True):
             console.print(f"run {'with' if flood else 'without'} the flood ...")
-            runs.append(
-                trio.run(
-                    one_run,
-                    Path(tmp) / ("flood" if flood else "quiet"),
-                    args.seconds,
-                    args.identities,
-                    args.workers,
-                    flood,
-                )
+            runs += trio.run(
+                one_run,
+                Path(tmp) / ("flood" if flood else "quiet"),
+                args.seconds,
+                args.identities,
+                args.workers,
+                [flood],
+                args.flood_nice,
             )
     quiet, flooded = runs
     base = quiet["honest_samples_per_s"]
@@ -209,6 +396,9 @@ def main() -> None:
         "validator_cpu_extra_share": 1
         - (quiet["validator_cpu_s"] / quiet["seconds"])
         / max(flooded["validator_cpu_s"] / flooded["seconds"], 1e-9),
+        "flood_nice": args.flood_nice,
+        "interleave": args.interleave,
+        "flood_process_cpu_s": flooded["flood_process_cpu_s"],
         "identities": args.identities,
         "workers": args.workers,
         "window_s": args.seconds,
@@ -226,6 +416,7 @@ def main() -> None:
         "CPU s",
         "judge s",
         "flood judge share",
+        "flood process CPU s",
     ):
         table.add_column(name, justify="right")
     for run in runs:
@@ -237,7 +428,7 @@ def main() -> None:
             f"{run['validator_cpu_s']:.0f}",
             f"{run['judge_s']:.0f}",
             f"{run['flood_judge_share']:.2f}",
-            f"{run['bench_process_cpu_s']:.0f}",
+            f"{run['flood_process_cpu_s']:.0f}",
         )
     console.print(table)
     ratio = result["honest_ratio"]
@@ -247,6 +438,14 @@ def main() -> None:
         else "no honest work in the quiet run",
         highlight=False,
     )
+    for run in runs:
+        console.print(
+            f"{'flood' if run['flood'] else 'quiet'}: honest workers generated"
+            f" {run['worker_generate_s']} s and waited for verdicts {run['worker_submit_s']} s",
+            highlight=False,
+        )
+    console.print(f"CPU s by process: quiet {quiet['cpu_s']}", highlight=False)
+    console.print(f"CPU s by process: flood {flooded['cpu_s']}", highlight=False)
     console.print(f"flood outcomes: {flooded['flood_outcomes']}", highlight=False)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

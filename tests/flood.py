@@ -16,7 +16,12 @@ the test measures the validator's memory and not the flood's, by
 ``tests/integration/test_sybil_flood.py``:
 
     python -m tests.flood --genesis RUN.genesis --addr VALIDATOR_ADDR [--identities N]
-        [--rounds R] [--seconds S] [--replay FILE]...      # prints the outcomes as JSON
+        [--rounds R] [--seconds S] [--replay FILE]... [--version-file PATH] [--seed N]
+                                                           # prints the outcomes as JSON
+
+``--version-file``: the policy version to sign work of, read from this file (a number, rewritten
+by whoever runs the flood, e.g. ``bench/flood.py`` from the validator's status) at every
+submission; without it, version 0.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import argparse
 import hashlib
 import json
 import random
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
@@ -92,6 +98,8 @@ class Flood:
         self.rng = random.Random(seed)
         self.stats = FloodStats()
         self._max_size: dict[str, bytes] = {}
+        self.on_ready: Callable[[], None] | None = None
+        """Called once every identity's host is up, as the flood starts."""
 
     async def run(self, seconds: float) -> FloodStats:
         """Every identity sends ``rounds`` x the four kinds, one request at a time, all
@@ -103,6 +111,8 @@ class Flood:
                 host = build_host(key, LOOPBACK)
                 await stack.enter_async_context(host.run(listen_addrs(LOOPBACK)))
                 hosts.append((key, host))
+            if self.on_ready is not None:
+                self.on_ready()  # every host is up: the flood starts now
             with trio.move_on_after(seconds):
                 async with trio.open_nursery() as nursery:
                     for key, host in hosts:
@@ -111,9 +121,11 @@ class Flood:
         return self.stats
 
     async def _identity(self, key: NodeKey, host: object) -> None:
-        if await dial_once(host, self.addr, 10.0) is not None:
+        # Until connected (bounded by ``run``'s deadline): 50 handshakes at once on a loaded
+        # machine time out, and an attacker dials again.
+        while await dial_once(host, self.addr, 10.0) is not None:
             self.stats.outcomes["dial: failed"] += 1
-            return
+            await trio.sleep(self.rng.uniform(0.5, 1.5))
         garbage = sign(self._garbage(key, counter=0), key).raw
         for r in range(self.rounds):
             honest = list(self.honest())
@@ -203,15 +215,30 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--replay", type=Path, action="append", default=[], help="a signed file")
+    parser.add_argument("--version-file", type=Path, help="holds the version to sign work of")
+    parser.add_argument("--seed", type=int, default=0, help="another seed: other identities")
     args = parser.parse_args()
     replays = [p.read_bytes() for p in args.replay]
+    version_file: Path | None = args.version_file
+
+    def version() -> int:
+        if version_file is None:
+            return 0
+        try:
+            return int(version_file.read_text() or 0)
+        except (OSError, ValueError):
+            return 0  # being rewritten: the next submission reads it again
+
     flood = Flood(
         load_genesis(args.genesis),
         args.addr,
         identities=args.identities,
         rounds=args.rounds,
         honest=lambda: replays,
+        version=version,
+        seed=args.seed,
     )
+    flood.on_ready = lambda: print("flooding", file=sys.stderr, flush=True)
     stats = trio.run(flood.run, args.seconds)
     print(json.dumps({"sent": stats.sent, "outcomes": stats.outcomes, "seconds": stats.seconds}))
 

@@ -3,7 +3,11 @@
 1. run id; 2. signer not banned; 3. policy version inside the async window; 4. request counter
 not seen before; 5. prompts, seed and sample layout equal the assignment, and the termination
 fields that need no tokenizer (token count, ``length`` rule, proof count and size); 6. EOS
-termination, sampling and TOPLOC by prefill on that version (``node.verify``). Rewards come from
+termination, sampling and TOPLOC by prefill on that version (``node.verify``), staged: first a
+slice of ``SLICE_SAMPLES`` samples picked by the submission's id (``slice_of``), where a hard
+failure ends the judgement; else the rest. Honest work costs one check of every sample as
+before, well-formed garbage the slice's (issue 15: cheap before dear); a submission with bad
+samples outside the slice is still checked whole and caught. Rewards come from
 the task verifier here, never from the worker. ``precheck`` is 1-5 (no model); ``judge`` runs it
 unless the caller did (``prechecked=True``), then 6. ``equivocation`` judges two signed
 submissions of one assignment (no model either). Each precheck judgement names its ``check``:
@@ -21,12 +25,13 @@ The result is a plain description; the caller signs the Verdict and the ledger e
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 from node.compute.engine import Engine
 from node.rl.rollout import sample_index, score_samples
 from node.run import TaskSource
-from node.verify import SampleClaim, verify_samples
+from node.verify import SampleClaim, SampleVerdict, verify_samples
 from swarm.assignment import assign
 from swarm.errors import ConfigError
 from swarm.ledger import EQUIVOCATION, Balances
@@ -182,6 +187,24 @@ def equivocation(
     )
 
 
+SLICE_SAMPLES = 8
+"""Samples of a submission checked first (``slice_of``); a hard failure among them decides."""
+
+
+def slice_of(submission_id: bytes, n: int, k: int = SLICE_SAMPLES) -> list[int]:
+    """The ``k`` sample indices (of ``n``, ascending) checked first: those whose hash with the
+    submission's id is smallest. The validator's rule picks them, not the worker (which cannot
+    know them before it signs: the id is the hash of its signed envelope), and every replay
+    picks the same: an auditor re-judging the verdict checks the same slice."""
+    if n <= k:
+        return list(range(n))
+
+    def rank(j: int) -> bytes:
+        return hashlib.sha256(submission_id + j.to_bytes(4, "big")).digest()
+
+    return sorted(sorted(range(n), key=rank)[:k])
+
+
 SUBMISSION_HARD_FACTOR = 1.25
 """A submission's mean mantissa error past this multiple of the run's limit is a hard failure
 (other weights); between the limit and this it is soft (honest hardware near the edge)."""
@@ -202,6 +225,23 @@ def _submission_proof_check(
         f" {limit:g} (the work was not made with this policy's weights)"
     )
     return Judgement(False, severity, [why], metrics=metrics)
+
+
+def _slice_rejection(checked: list[tuple[int, SampleVerdict]]) -> Judgement:
+    """The hard Judgement of a slice with a hard failure; ``slice`` in its metrics names the
+    samples checked (the rest were not needed to decide)."""
+    failed = [(j, r) for j, r in checked if not r.ok]
+    checks = [c for _, r in checked for c in r.proofs]
+    metrics: dict[str, int | str] = {
+        "samples": len(checked),
+        "slice": ",".join(str(j) for j, _ in checked),
+        "failed_samples": len(failed),
+        "proof_chunks": len(checks),
+        "max_exp_mismatches": max((c.exp_mismatches for c in checks), default=0),
+        "max_mant_err_mean": f"{max((c.mant_err_mean for c in checks), default=0.0):.4g}",
+    }
+    reasons = [f"sample {j}: {why}" for j, r in failed if r.hard for why in r.reasons[:2]]
+    return Judgement(False, "hard", reasons[:16], metrics=metrics)
 
 
 def judge(
@@ -249,9 +289,26 @@ def judge(
     thresholds = ProofThresholds(
         p.toploc_max_exp_mismatches, p.toploc_max_mant_mean, p.toploc_max_mant_median
     )
-    results = verify_samples(
-        engine, claims, temperature=p.temperature, max_tokens=p.max_tokens, thresholds=thresholds
-    )
+
+    def verify(indices: list[int]) -> list[SampleVerdict]:
+        return verify_samples(
+            engine,
+            [claims[j] for j in indices],
+            temperature=p.temperature,
+            max_tokens=p.max_tokens,
+            thresholds=thresholds,
+        )
+
+    picked = slice_of(submission.id, len(claims))
+    rest = sorted(set(range(len(claims))) - set(picked))
+    first = verify(picked)
+    if rest and any(not r.ok and r.hard for r in first):
+        # A hard failure in the slice: the judgement ends here, at the slice's cost.
+        return _slice_rejection(list(zip(picked, first, strict=True)))
+    by_index = dict(zip(picked, first, strict=True))
+    if rest:
+        by_index |= dict(zip(rest, verify(rest), strict=True))
+    results = [by_index[j] for j in range(len(claims))]
     failed = [(j, r) for j, r in enumerate(results) if not r.ok]
     checks = [c for r in results for c in r.proofs]
     metrics: dict[str, int | str] = {

@@ -69,6 +69,8 @@ class WorkerStats:
     rejected: int = 0
     dropped_stale: int = 0
     generate_seconds: float = 0.0
+    submit_seconds: float = 0.0
+    """Waiting for validators' answers (the next generation starts after the verdict)."""
     samples: int = 0
     last_reasons: list[str] = field(default_factory=list)
 
@@ -171,7 +173,9 @@ class InferenceWorker:
             return
         if self.tamper is not None:
             submission = self.tamper(submission)
+        started = time.perf_counter()
         await self.submit(sign(submission, self.node.key))
+        self.stats.submit_seconds += time.perf_counter() - started
 
     async def submit(self, signed: Signed[RolloutSubmission]) -> Signed[Verdict] | None:
         """Send to a validator found by role; another one on failure."""
