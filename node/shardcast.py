@@ -39,6 +39,9 @@ MIB = 1024 * 1024
 ENOUGH_PROVIDERS = 8
 UPLOAD_SLOTS = 4
 """Spans a node sends at once (``ShardServer.max_uploads``); more askers are told it is busy."""
+SEED_COPIES = 2
+"""Copies of each shard of its own version a trainer serves before it super-seeds (refers
+askers to the peers it gave it to; ``ShardServer.grant``)."""
 MAX_SOURCES = 8
 """Peers other than the trainers that one fetch asks (``have`` every ``have_refresh`` s each):
 a random sample of the candidates, so the polling a swarm does grows with N, not with N x
@@ -107,11 +110,15 @@ class ShardcastService:
         data_channel: DataChannelConfig | None = None,
         advertised_host: str | None = None,
         upload_slots: int | None = UPLOAD_SLOTS,
+        seed_copies: int | None = SEED_COPIES,
     ) -> AsyncIterator[ShardcastService]:
         """Serve ``store`` on ``node`` (streams, plus a data channel unless
         ``data_channel`` is ``None``) until the block ends; at most ``upload_slots`` spans
-        at once (``None``: no limit)."""
-        server = ShardServer(store, max_uploads=upload_slots)
+        at once (``None``: no limit); versions this node signed are super-seeded past
+        ``seed_copies`` copies of a shard (``None``: never)."""
+        server = ShardServer(
+            store, max_uploads=upload_slots, origin=node.peer_id, seed_copies=seed_copies
+        )
         async with trio.open_nursery() as nursery:
             channel = None
             if data_channel is not None:
@@ -184,13 +191,19 @@ class ShardcastService:
         source = StreamShardSource(self.node)
         try:
             manifest: Signed[ShardManifest] = await fetch_manifest(
-                source, peers, self.genesis, version
+                source, peers, self.genesis, version, origins=self.genesis.message.trainers
             )
             if version is None and not only:
                 peers = self._sample(await self.providers(manifest.message.version))
 
+            done = -1
+
             def progress(p: FetchProgress) -> None:
+                nonlocal done
                 self.progress = p
+                if p.shards_done != done:  # a new shard here: answer the waiting ``have``s
+                    done = p.shards_done
+                    self.server.changed()
                 if on_progress is not None:
                     on_progress(p)
 
