@@ -61,6 +61,13 @@ def version_provider_key(run_id: str, version: int) -> str:
     return (bytes([0x12, 0x20]) + hashlib.sha256(name).digest()).hex()
 
 
+def _bootstrap_ids(node: Any) -> set[str]:
+    """The peer ids in the node's ``--bootstrap`` addresses (``.../p2p/<id>``)."""
+    config = getattr(node, "config", None)
+    addrs = getattr(config, "bootstrap", ()) or ()
+    return {a.rsplit("/p2p/", 1)[1] for a in addrs if "/p2p/" in a}
+
+
 def channel_host(listen: Sequence[str]) -> str:
     """Where the data channel listens: the IP of the node's libp2p listen addresses (its own
     interfaces, so peers on other hosts reach it), the wildcard when they name several."""
@@ -160,7 +167,13 @@ class ShardcastService:
         found: list[str] = [*by_role.get("trainer", []), *trainers]
         # Every run peer we know may hold verified shards (bootstrap peers serve none).
         run_peers = {p for role, peers in by_role.items() if role != "bootstrap" for p in peers}
-        found += [p for p in self.node.overlay.connected_peers() if p in run_peers]
+        found += [p for p in connected if p in run_peers]
+        # Then connected peers whose advert we have not read yet (on a loaded swarm, discovery
+        # lags the announcement; on 25 loopback nodes some fetches knew the trainer alone, and
+        # a super-seeding trainer left them nobody to take the other copies from). A peer that
+        # is not in the run refuses the first request and is dropped for the version.
+        boots = set(by_role.get("bootstrap", ())) | _bootstrap_ids(self.node)
+        found += sorted(connected - run_peers - boots)
         trainer_known = bool(by_role.get("trainer") or trainers)
         if version is not None and (len(set(found)) < ENOUGH_PROVIDERS or not trainer_known):
             try:
@@ -229,11 +242,14 @@ class ShardcastService:
         return result
 
     def _sample(self, peers: list[str]) -> list[str]:
-        """The trainers among ``peers`` and at most ``MAX_SOURCES`` of the others, at random."""
+        """The trainers among ``peers`` and at most ``MAX_SOURCES`` of the others, at random,
+        known run peers before peers of no known role."""
         trainers = set(self.genesis.message.trainers)
-        others = [p for p in peers if p not in trainers]
-        if len(others) > MAX_SOURCES:
-            others = random.sample(others, MAX_SOURCES)
+        members = {p for role, ps in self.node.peers_by_role().items() for p in ps}
+        known = [p for p in peers if p not in trainers and p in members]
+        unknown = [p for p in peers if p not in trainers and p not in members]
+        others = random.sample(known, min(len(known), MAX_SOURCES))
+        others += random.sample(unknown, min(len(unknown), MAX_SOURCES - len(others)))
         return [p for p in peers if p in trainers] + others
 
     def path_to(self, peer: str) -> str:
