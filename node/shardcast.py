@@ -41,7 +41,8 @@ UPLOAD_SLOTS = 4
 """Spans a node sends at once (``ShardServer.max_uploads``); more askers are told it is busy."""
 SEED_COPIES = 2
 """Copies of each shard of its own version a trainer serves before it super-seeds (refers
-askers to the peers it gave it to; ``ShardServer.grant``)."""
+askers to the peers it gave it to; ``ShardServer.grant``), while 3 of its 4 upload slots are
+in use."""
 MAX_SOURCES = 8
 """Peers other than the trainers that one fetch asks (``have`` every ``have_refresh`` s each):
 a random sample of the candidates, so the polling a swarm does grows with N, not with N x
@@ -124,7 +125,11 @@ class ShardcastService:
         at once (``None``: no limit); versions this node signed are super-seeded past
         ``seed_copies`` copies of a shard (``None``: never)."""
         server = ShardServer(
-            store, max_uploads=upload_slots, origin=node.peer_id, seed_copies=seed_copies
+            store,
+            max_uploads=upload_slots,
+            origin=node.peer_id,
+            seed_copies=seed_copies,
+            seed_busy=None if upload_slots is None else upload_slots // 2 + 1,
         )
         async with trio.open_nursery() as nursery:
             channel = None

@@ -15,12 +15,13 @@ slots, the first receivers get whole shards fast and serve them to the rest.
 
 Super-seeding (``seed_copies``, for the versions this node signed: the origin): the origin
 grants shard ``i`` to its first ``seed_copies`` askers, and after that only when nobody was
-granted it for ``seed_stale`` seconds (so a receiver whose peers cannot serve it still gets it,
-and the origin's upload beyond the first copies is bounded by one copy per shard per
-``seed_stale``). Anything else is refused with ``ShardElsewhere``: no fault, the asker takes
-that shard from a peer and asks the origin for another one, so the origin's upload goes to the
-shards nobody holds yet. On 25-50 loopback nodes the origin served 53-73% of the bytes without
-it (docs/BENCHMARKS.md, Scale).
+granted it for ``seed_stale`` seconds (a receiver whose peers cannot serve it still gets it),
+or when the origin is not contended (fewer than ``seed_busy`` uploads running: an idle uplink
+serves whatever is asked; on a loaded box, where the receivers' processes are the bottleneck,
+a strict origin starved them). Anything else is refused with ``ShardElsewhere``: no fault, the
+asker takes that shard from a peer and asks the origin for another one, so the origin's busy
+upload goes to the shards nobody holds yet. On 25-50 loopback nodes the origin served 53-73%
+of the bytes without it (docs/BENCHMARKS.md, Scale).
 
 Waiting ``have`` (``wait_have``): an asker says how many shards it knows we hold; the answer
 comes as soon as we hold more (a shard verified here: ``changed``) or after ``wait`` seconds.
@@ -75,6 +76,7 @@ class ShardServer:
         origin: str | None = None,
         seed_copies: int | None = None,
         seed_stale: float = 10.0,
+        seed_busy: int | None = None,
     ) -> None:
         self.store = store
         self.max_uploads = max_uploads
@@ -82,6 +84,9 @@ class ShardServer:
         """Our peer id: versions signed by it are super-seeded (``seed_copies``)."""
         self.seed_copies = seed_copies
         self.seed_stale = seed_stale
+        self.seed_busy = seed_busy
+        """Super-seed only while at least this many uploads run (this one included): an
+        origin with idle slots serves any shard. ``None``: always."""
         self._granted: dict[int, list[int]] = {}
         self._last_grant: dict[tuple[int, int], float] = {}
         self.elsewhere_refusals = 0
@@ -212,7 +217,8 @@ class ShardServer:
             self._last_grant = {k: t for k, t in self._last_grant.items() if k[0] != old}
         now = self._clock()
         last = self._last_grant.get((version, index), -math.inf)
-        if granted[index] >= self.seed_copies and now - last < self.seed_stale:
+        contended = self.seed_busy is None or self.uploading >= self.seed_busy
+        if granted[index] >= self.seed_copies and now - last < self.seed_stale and contended:
             self.elsewhere_refusals += 1
             raise ShardElsewhere(
                 f"{ELSEWHERE}: shard {index} of version {version} went to {granted[index]} peers"

@@ -47,6 +47,23 @@ def test_the_origin_grants_each_shard_k_times_then_refers_askers_to_peers(
     assert server.elsewhere_refusals == 2
 
 
+def test_an_origin_with_idle_upload_slots_serves_any_shard(tmp_path: Path) -> None:
+    _, _, store = published(tmp_path)
+    server = ShardServer(
+        store, max_uploads=4, origin=TRAINER.peer_id, seed_copies=1, seed_busy=3
+    )
+    for _ in range(3):  # one upload at a time: the uplink is idle, nothing is refused
+        server.take_slot()
+        server.grant(1, 0)
+        server.release_slot()
+    server.take_slot()
+    server.take_slot()
+    server.take_slot()  # three running: contended, a fourth copy of shard 0 goes elsewhere
+    with pytest.raises(ShardElsewhere):
+        server.grant(1, 0)
+    server.grant(1, 1)  # a shard nobody was given yet is still served
+
+
 def test_super_seeding_applies_only_to_versions_this_node_signed(tmp_path: Path) -> None:
     _, _, store = published(tmp_path)
     relay = ShardServer(store, origin="someone-else", seed_copies=1)
