@@ -49,9 +49,7 @@ def test_the_origin_grants_each_shard_k_times_then_refers_askers_to_peers(
 
 def test_an_origin_with_idle_upload_slots_serves_any_shard(tmp_path: Path) -> None:
     _, _, store = published(tmp_path)
-    server = ShardServer(
-        store, max_uploads=4, origin=TRAINER.peer_id, seed_copies=1, seed_busy=3
-    )
+    server = ShardServer(store, max_uploads=4, origin=TRAINER.peer_id, seed_copies=1, seed_busy=3)
     for _ in range(3):  # one upload at a time: the uplink is idle, nothing is refused
         server.take_slot()
         server.grant(1, 0)
