@@ -17,6 +17,9 @@ Once every node has found the publisher and the swarm has settled, it measures:
 - ``lookup_p50_s``: uncached role lookups (providers, then adverts) by a sample of nodes;
 - ``rss_mib_per_node``, ``cpu_s_per_node`` (whole run), ``idle_cpu_pct_per_node`` (5 s before the
   publish), ``connections_per_node`` (libp2p connections, mean; ``_max`` too);
+- SHARDCAST's own counts: ``origin_manifests`` (manifests the publisher served),
+  ``origin_busy_refusals`` / ``origin_elsewhere_refusals`` (upload slots full / super-seeding),
+  ``stream_shards`` / ``channel_shards`` (the path the receivers' shards took), ``fetch_retries``;
 - ``calibration`` for ``bench/scale_sim.py`` (when importable, its ``project`` runs on N = 100).
 
 Every process is in a process group of its own, killed at the end; the temp dir is removed. The
