@@ -84,6 +84,10 @@ def feed_stats(node: Node, feed: PolicyFeed) -> dict[str, Any]:
         "served_bytes": server.served_bytes if server else 0,
         "served_shards": server.served_shards if server else 0,
         "channel_connections": channel.connections if channel else 0,
+        "manifests_served": server.manifests_served if server else 0,
+        "busy_refusals": server.busy_refusals if server else 0,
+        "elsewhere_refusals": server.elsewhere_refusals if server else 0,
+        "paths": dict(feed.service.paths) if feed.service is not None else {},
     }
 
 

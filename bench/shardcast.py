@@ -141,7 +141,9 @@ class FixedControl:
     async def manifest(self, peer: str, version: int | None) -> bytes:
         return self.raw
 
-    async def have(self, peer: str, version: int) -> bytes | None:
+    async def have(
+        self, peer: str, version: int, known: int = -1, wait: float = 0.0
+    ) -> bytes | None:
         return None
 
 

@@ -39,6 +39,10 @@ MIB = 1024 * 1024
 ENOUGH_PROVIDERS = 8
 UPLOAD_SLOTS = 4
 """Spans a node sends at once (``ShardServer.max_uploads``); more askers are told it is busy."""
+SEED_COPIES = 2
+"""Copies of each shard of its own version a trainer serves before it super-seeds (refers
+askers to the peers it gave it to; ``ShardServer.grant``), while 3 of its 4 upload slots are
+in use."""
 MAX_SOURCES = 8
 """Peers other than the trainers that one fetch asks (``have`` every ``have_refresh`` s each):
 a random sample of the candidates, so the polling a swarm does grows with N, not with N x
@@ -56,6 +60,13 @@ def version_provider_key(run_id: str, version: int) -> str:
     """The DHT provider key (hex sha2-256 multihash) of policy ``version`` of a run."""
     name = f"swarm-node/{run_id}/policy/{version}".encode()
     return (bytes([0x12, 0x20]) + hashlib.sha256(name).digest()).hex()
+
+
+def _bootstrap_ids(node: Any) -> set[str]:
+    """The peer ids in the node's ``--bootstrap`` addresses (``.../p2p/<id>``)."""
+    config = getattr(node, "config", None)
+    addrs = getattr(config, "bootstrap", ()) or ()
+    return {a.rsplit("/p2p/", 1)[1] for a in addrs if "/p2p/" in a}
 
 
 def channel_host(listen: Sequence[str]) -> str:
@@ -107,11 +118,19 @@ class ShardcastService:
         data_channel: DataChannelConfig | None = None,
         advertised_host: str | None = None,
         upload_slots: int | None = UPLOAD_SLOTS,
+        seed_copies: int | None = SEED_COPIES,
     ) -> AsyncIterator[ShardcastService]:
         """Serve ``store`` on ``node`` (streams, plus a data channel unless
         ``data_channel`` is ``None``) until the block ends; at most ``upload_slots`` spans
-        at once (``None``: no limit)."""
-        server = ShardServer(store, max_uploads=upload_slots)
+        at once (``None``: no limit); versions this node signed are super-seeded past
+        ``seed_copies`` copies of a shard (``None``: never)."""
+        server = ShardServer(
+            store,
+            max_uploads=upload_slots,
+            origin=node.peer_id,
+            seed_copies=seed_copies,
+            seed_busy=None if upload_slots is None else upload_slots // 2 + 1,
+        )
         async with trio.open_nursery() as nursery:
             channel = None
             if data_channel is not None:
@@ -153,7 +172,13 @@ class ShardcastService:
         found: list[str] = [*by_role.get("trainer", []), *trainers]
         # Every run peer we know may hold verified shards (bootstrap peers serve none).
         run_peers = {p for role, peers in by_role.items() if role != "bootstrap" for p in peers}
-        found += [p for p in self.node.overlay.connected_peers() if p in run_peers]
+        found += [p for p in connected if p in run_peers]
+        # Then connected peers whose advert we have not read yet (on a loaded swarm, discovery
+        # lags the announcement; on 25 loopback nodes some fetches knew the trainer alone, and
+        # a super-seeding trainer left them nobody to take the other copies from). A peer that
+        # is not in the run refuses the first request and is dropped for the version.
+        boots = set(by_role.get("bootstrap", ())) | _bootstrap_ids(self.node)
+        found += sorted(connected - run_peers - boots)
         trainer_known = bool(by_role.get("trainer") or trainers)
         if version is not None and (len(set(found)) < ENOUGH_PROVIDERS or not trainer_known):
             try:
@@ -184,13 +209,19 @@ class ShardcastService:
         source = StreamShardSource(self.node)
         try:
             manifest: Signed[ShardManifest] = await fetch_manifest(
-                source, peers, self.genesis, version
+                source, peers, self.genesis, version, origins=self.genesis.message.trainers
             )
             if version is None and not only:
                 peers = self._sample(await self.providers(manifest.message.version))
 
+            done = -1
+
             def progress(p: FetchProgress) -> None:
+                nonlocal done
                 self.progress = p
+                if p.shards_done != done:  # a new shard here: answer the waiting ``have``s
+                    done = p.shards_done
+                    self.server.changed()
                 if on_progress is not None:
                     on_progress(p)
 
@@ -216,11 +247,14 @@ class ShardcastService:
         return result
 
     def _sample(self, peers: list[str]) -> list[str]:
-        """The trainers among ``peers`` and at most ``MAX_SOURCES`` of the others, at random."""
+        """The trainers among ``peers`` and at most ``MAX_SOURCES`` of the others, at random,
+        known run peers before peers of no known role."""
         trainers = set(self.genesis.message.trainers)
-        others = [p for p in peers if p not in trainers]
-        if len(others) > MAX_SOURCES:
-            others = random.sample(others, MAX_SOURCES)
+        members = {p for role, ps in self.node.peers_by_role().items() for p in ps}
+        known = [p for p in peers if p not in trainers and p in members]
+        unknown = [p for p in peers if p not in trainers and p not in members]
+        others = random.sample(known, min(len(known), MAX_SOURCES))
+        others += random.sample(unknown, min(len(unknown), MAX_SOURCES - len(others)))
         return [p for p in peers if p in trainers] + others
 
     def path_to(self, peer: str) -> str:

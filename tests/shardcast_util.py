@@ -17,7 +17,7 @@ from swarm.errors import PeerError
 from swarm.identity import NodeKey
 from swarm.messages import RunGenesis, RunParams, ShardManifest, Signed
 from swarm.shardcast import ShardNotHeld, ShardSink, ShardStore, publish
-from swarm.shardcast.source import PeerBusy
+from swarm.shardcast.source import PeerBusy, ShardElsewhere
 
 
 def key(name: str) -> NodeKey:
@@ -64,7 +64,8 @@ def published(
 @dataclass
 class MemoryPeer:
     """A provider in memory. ``mode``: ok, corrupt, truncate, stall, die, refuse, busy (its
-    first ``busy`` pulls are refused with ``PeerBusy``)."""
+    first ``busy`` pulls are refused with ``PeerBusy``); ``elsewhere``: shards it refuses to
+    super-seed (``ShardElsewhere``)."""
 
     data: bytes
     manifest_raw: bytes
@@ -73,6 +74,8 @@ class MemoryPeer:
     chunk: int = 4096
     served: list[int] = field(default_factory=list)
     busy: int = 0
+    elsewhere: set[int] = field(default_factory=set)
+    manifest_asked: int = 0
 
 
 class MemorySource:
@@ -85,9 +88,15 @@ class MemorySource:
 
     async def manifest(self, peer: str, version: int | None) -> bytes:
         await trio.lowlevel.checkpoint()
-        return self.peers[peer].manifest_raw
+        p = self.peers[peer]
+        p.manifest_asked += 1
+        if p.held is not None and not p.held:
+            raise ShardNotHeld(f"{peer} holds no shard of version {version}")
+        return p.manifest_raw
 
-    async def have(self, peer: str, version: int) -> bytes | None:
+    async def have(
+        self, peer: str, version: int, known: int = -1, wait: float = 0.0
+    ) -> bytes | None:
         await trio.lowlevel.checkpoint()
         p = self.peers[peer]
         if p.held is None:
@@ -104,6 +113,8 @@ class MemorySource:
         if p.busy > 0:
             p.busy -= 1
             raise PeerBusy(f"busy: {peer} has no free upload slot")
+        if index in p.elsewhere:
+            raise ShardElsewhere(f"elsewhere: {peer} gave shard {index} to enough peers")
         start, length = self.m.shard_span(index)
         body = bytearray(p.data[start : start + length])
         if p.mode == "corrupt":

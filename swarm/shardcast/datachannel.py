@@ -10,17 +10,21 @@ Wire format (all integers big-endian)::
     hello     b"SHC1" + token (16 bytes)              -> status
     request   version u64, index u32, offset u64, length u64 (28 bytes)
                                                        -> status, then for OK: length u64 + bytes
-    status    u8: 0 OK; 1 REFUSED / 2 NOT_HELD / 3 BUSY (every upload slot taken), each followed
-              by u16 n + n bytes of UTF-8 reason
+    status    u8: 0 OK; 1 REFUSED / 2 NOT_HELD / 3 BUSY (every upload slot taken) / 4 ELSEWHERE
+              (the origin super-seeds: take this shard from a peer), each followed by u16 n +
+              n bytes of UTF-8 reason
 
 A refused request (unknown version, absurd index or span) leaves the connection usable; a bad
-hello or a malformed request closes it. The server bounds connections, idle time and the time
-to send one answer, so a slow or stuck reader costs a connection slot, never the server.
+hello or a malformed request closes it. A connection past ``max_connections`` gets status
+BUSY in place of the hello's answer, then is closed. The server bounds connections, idle time
+and the time to send one answer, so a slow or stuck reader costs a connection slot, never the
+server.
 ``TokenBucket`` caps a server's upload rate (used by the benchmark to model slow uplinks).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -39,14 +43,14 @@ from swarm.errors import (
     SwarmError,
 )
 from swarm.shardcast.serve import TOKEN_BYTES, ShardServer
-from swarm.shardcast.source import PeerBusy, ShardNotHeld, ShardSink
+from swarm.shardcast.source import PeerBusy, ShardElsewhere, ShardNotHeld, ShardSink
 
 MAGIC = b"SHC1"
 _HELLO = struct.Struct(f">4s{TOKEN_BYTES}s")
 _REQUEST = struct.Struct(">QIQQ")
 _LENGTH = struct.Struct(">Q")
 _REASON = struct.Struct(">H")
-OK, REFUSED, NOT_HELD, BUSY = 0, 1, 2, 3
+OK, REFUSED, NOT_HELD, BUSY, ELSEWHERE = 0, 1, 2, 3, 4
 _SEND_CHUNK = 4 * 1024 * 1024
 _RECV_CHUNK = 1024 * 1024
 
@@ -93,6 +97,9 @@ class DataChannelServer:
     port: int = 0
     connections: int = 0
     errors: int = 0
+    turned_away: int = 0
+    open: int = 0
+    """Connections being served now (at most ``config.max_connections``)."""
     _bucket: TokenBucket | None = None
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -100,35 +107,51 @@ class DataChannelServer:
         self.port = listeners[0].socket.getsockname()[1]
         if self.config.rate_limit:
             self._bucket = TokenBucket(self.config.rate_limit, burst=256 * 1024)
-        limiter = trio.CapacityLimiter(self.config.max_connections)
         async with trio.open_nursery() as nursery:
             task_status.started(self.port)
             try:
                 while True:
                     stream = await listeners[0].accept()
-                    if limiter.borrowed_tokens >= limiter.total_tokens:
-                        await stream.aclose()
+                    if self.open >= self.config.max_connections:
+                        nursery.start_soon(self._turn_away, stream)
                         continue
-                    nursery.start_soon(self._connection, stream, limiter)
+                    self.open += 1  # counted here, so a burst of accepts cannot overshoot
+                    nursery.start_soon(self._connection, stream)
             finally:
                 for listener in listeners:
                     await listener.aclose()
 
-    async def _connection(self, stream: trio.SocketStream, limiter: trio.CapacityLimiter) -> None:
-        async with limiter:
-            self.connections += 1
-            try:
-                await self._session(stream)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
-                self.errors += 1
-            except SwarmError:
-                self.errors += 1
-            except OSError:
-                self.errors += 1
-            finally:
-                with trio.move_on_after(1) as cleanup:
-                    cleanup.shield = True
-                    await stream.aclose()
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        try:
+            await self._session(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+            self.errors += 1
+        except SwarmError:
+            self.errors += 1
+        except OSError:
+            self.errors += 1
+        finally:
+            self.open -= 1
+            with trio.move_on_after(1) as cleanup:
+                cleanup.shield = True
+                await stream.aclose()
+
+    async def _turn_away(self, stream: trio.SocketStream) -> None:
+        """Every connection slot is taken: say *busy* (no fault, the asker takes the shard from
+        another holder or comes back) instead of closing the socket, which the asker would
+        count against our failure budget (on 50 loopback nodes, the trainer's 64 slots were
+        all held by askers' pooled connections and it was dropped for the version)."""
+        self.turned_away += 1
+        with trio.move_on_after(1), contextlib.suppress(OSError, trio.BrokenResourceError):
+            await _send_status(
+                stream,
+                BUSY,
+                f"busy: all {self.config.max_connections} data channel connections are in use",
+            )
+        with trio.move_on_after(1) as cleanup:
+            cleanup.shield = True
+            await stream.aclose()
 
     async def _session(self, stream: trio.SocketStream) -> None:
         with trio.fail_after(self.config.idle_timeout):
@@ -160,6 +183,13 @@ class DataChannelServer:
                 continue
             except SwarmError as exc:
                 await _send_status(stream, REFUSED, str(exc))
+                continue
+            try:
+                self.shards.grant(version, index, offset)
+            except SwarmError as exc:
+                self.shards.release_slot()
+                elsewhere = isinstance(exc, ShardElsewhere)
+                await _send_status(stream, ELSEWHERE if elsewhere else REFUSED, str(exc))
                 continue
             try:
                 await stream.send_all(bytes([OK]) + _LENGTH.pack(span.length))
@@ -236,6 +266,8 @@ class _Conn:
             raise ShardNotHeld(reason)
         if status == BUSY:
             raise PeerBusy(reason)
+        if status == ELSEWHERE:
+            raise ShardElsewhere(reason)
         raise PeerError(f"data channel refused: {reason}")
 
     async def send_all(self, data: bytes) -> None:
@@ -252,7 +284,9 @@ class ControlSource(Protocol):
 
     async def manifest(self, peer: str, version: int | None) -> bytes: ...
 
-    async def have(self, peer: str, version: int) -> bytes | None: ...
+    async def have(
+        self, peer: str, version: int, known: int = -1, wait: float = 0.0
+    ) -> bytes | None: ...
 
 
 class DataChannelSource:
@@ -275,8 +309,10 @@ class DataChannelSource:
     async def manifest(self, peer: str, version: int | None) -> bytes:
         return await self._control.manifest(peer, version)
 
-    async def have(self, peer: str, version: int) -> bytes | None:
-        return await self._control.have(peer, version)
+    async def have(
+        self, peer: str, version: int, known: int = -1, wait: float = 0.0
+    ) -> bytes | None:
+        return await self._control.have(peer, version, known, wait)
 
     async def _connect(self, peer: str) -> _Conn:
         pool = self._idle.get(peer)

@@ -29,9 +29,10 @@ class DirectControl:
         await trio.lowlevel.checkpoint()
         return self.servers[peer].manifest(version)
 
-    async def have(self, peer: str, version: int) -> bytes | None:
-        await trio.lowlevel.checkpoint()
-        return self.servers[peer].have(version)
+    async def have(
+        self, peer: str, version: int, known: int = -1, wait: float = 0.0
+    ) -> bytes | None:
+        return await self.servers[peer].wait_have(version, known, wait)
 
     async def negotiate(self, peer: str) -> tuple[str, int, bytes]:
         await trio.lowlevel.checkpoint()

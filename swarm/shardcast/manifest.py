@@ -3,11 +3,20 @@
 A manifest counts only if its envelope verifies, its signer is one of the genesis trainers, it is
 for this run, and (when one was asked for) it is the requested version. ``fetch_manifest`` asks
 providers in turn and keeps the newest valid one.
+
+The manifest is signed, so any holder can serve it: for a given version the peers that are not
+its origins (trainers) are asked first, all at once (a peer that is fetching the version holds
+its manifest from the start), and the origins only when none of them has a valid one within
+``hedge`` seconds. At an announcement every node wants the manifest at once; asking the trainer
+first made it answer N requests next to its serving, and at N >= 50 loopback nodes many timed
+out (docs/BENCHMARKS.md, Scale).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import trio
 
 from swarm.errors import NotAuthorizedError, PeerError, SwarmError, ValidationError
 from swarm.messages import RunGenesis, ShardManifest, Signed, decode, run_id_of
@@ -41,12 +50,24 @@ async def fetch_manifest(
     peers: Sequence[str],
     genesis: Signed[RunGenesis],
     version: int | None = None,
+    *,
+    origins: Sequence[str] = (),
+    hedge: float = 2.0,
 ) -> Signed[ShardManifest]:
     """The newest (or the given) version's manifest from the first peer with a valid one.
 
-    With ``version=None`` every peer is asked and the highest valid version wins.
+    With ``version=None`` every peer is asked and the highest valid version wins. With a
+    version, the ``peers`` that are not ``origins`` are asked first, at once; the origins
+    among ``peers`` after ``hedge`` seconds, or as soon as all the others failed.
     """
     errors: list[str] = []
+    if version is not None:
+        others = [p for p in peers if p not in origins]
+        if others:
+            found = await _first_valid(source, others, genesis, version, hedge, errors)
+            if found is not None:
+                return found
+        peers = [p for p in peers if p in origins]
     best: Signed[ShardManifest] | None = None
     for peer in peers:
         try:
@@ -64,3 +85,29 @@ async def fetch_manifest(
             f"no provider gave a valid manifest of {what}: " + ("; ".join(errors) or "no peers")
         )
     return best
+
+
+async def _first_valid(
+    source: ShardSource,
+    peers: Sequence[str],
+    genesis: Signed[RunGenesis],
+    version: int,
+    within: float,
+    errors: list[str],
+) -> Signed[ShardManifest] | None:
+    """Ask every one of ``peers`` at once; the first valid manifest, or ``None`` when all
+    failed (their errors appended to ``errors``) or ``within`` seconds passed."""
+    found: list[Signed[ShardManifest]] = []
+
+    async def ask(peer: str, scope: trio.CancelScope) -> None:
+        try:
+            found.append(verify_manifest(await source.manifest(peer, version), genesis, version))
+            scope.cancel()
+        except SwarmError as exc:
+            errors.append(f"{peer}: {exc}")
+
+    with trio.move_on_after(within):
+        async with trio.open_nursery() as nursery:
+            for peer in peers:
+                nursery.start_soon(ask, peer, nursery.cancel_scope)
+    return found[0] if found else None

@@ -37,6 +37,8 @@ class PeerStats:
     busy_until: float = 0.0
     """Said all its upload slots were taken: not asked again before this time (no fault)."""
     busy: int = 0
+    elsewhere: int = 0
+    """Shards the origin refused to super-seed to us (``ShardElsewhere``)."""
 
     def view(self) -> dict[str, object]:
         return {
@@ -49,6 +51,7 @@ class PeerStats:
             "in_flight": self.in_flight,
             "dropped": self.dropped,
             "busy": self.busy,
+            "elsewhere": self.elsewhere,
             "last_error": self.last_error,
         }
 

@@ -3,7 +3,8 @@
 ``/swarm-node/<run>/manifest/1``: ``ManifestRequest`` -> the raw signed ShardManifest envelope.
 ``/swarm-node/<run>/shard/1``: ``ShardRequest`` with ``op``:
 
-- ``have``    -> ``Holdings`` (complete, or one byte per shard);
+- ``have``    -> ``Holdings`` (complete, or one byte per shard); with ``known`` >= 0 (the
+  shards the asker knows we hold) the answer waits until we hold more, at most ``wait_ms``;
 - ``get``     -> the bytes of (part of) one shard: ``offset``/``length`` inside the shard,
   at most ``MAX_PIECE`` per request, so neither side holds more than a piece in memory;
 - ``channel`` -> ``ChannelOffer`` (host, port, one-time token of the data channel).
@@ -49,17 +50,22 @@ class ShardRequest:
     index: int = 0
     offset: int = 0
     length: int = 0
+    known: int = -1
+    """``have``: shards the asker knows we hold (-1: none known, answer at once)."""
+    wait_ms: int = 0
+    """``have``: how long the answer may wait for a new shard (``ShardServer.wait_have``)."""
 
     def to_bytes(self) -> bytes:
-        return canonical(
-            {
-                "op": self.op,
-                "version": self.version,
-                "index": self.index,
-                "offset": self.offset,
-                "length": self.length,
-            }
-        )
+        fields: dict[str, object] = {
+            "op": self.op,
+            "version": self.version,
+            "index": self.index,
+            "offset": self.offset,
+            "length": self.length,
+        }
+        if self.op == "have" and self.known >= 0:
+            fields |= {"known": self.known, "wait_ms": self.wait_ms}
+        return canonical(fields)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Self:
@@ -76,6 +82,8 @@ class ShardRequest:
             index=f.integer("index", 0, minimum=0),
             offset=f.integer("offset", 0, minimum=0),
             length=length,
+            known=f.integer("known", -1, minimum=-1),
+            wait_ms=f.integer("wait_ms", 0, minimum=0),
         )
 
 

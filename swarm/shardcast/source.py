@@ -1,6 +1,6 @@
 """What the fetch scheduler drives: a ``ShardSource`` (data channel, libp2p stream, or a test
 double), the ``ShardSink`` it delivers one shard's bytes into, ``ShardNotHeld`` and
-``PeerBusy``."""
+``PeerBusy`` (and its ``ShardElsewhere``)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,14 @@ BUSY = "busy"
 class PeerBusy(PeerError):
     """Every upload slot of the provider is taken: ask another holder, or this one shortly.
     Not a fault (it costs the peer no failure budget)."""
+
+
+ELSEWHERE = "elsewhere"
+
+
+class ShardElsewhere(PeerBusy):
+    """The origin super-seeds: it gave this shard to enough peers already, take it from them.
+    Not a fault; the origin still serves other shards (``ShardServer.grant``)."""
 
 
 class ShardSink:
@@ -84,8 +92,14 @@ class ShardSource(Protocol):
         """The raw signed manifest of ``version`` (``None``: the newest the peer holds)."""
         ...
 
-    async def have(self, peer: str, version: int) -> bytes | None:
-        """One byte per shard (1 = held), or ``None`` when the peer holds the whole version."""
+    async def have(
+        self, peer: str, version: int, known: int = -1, wait: float = 0.0
+    ) -> bytes | None:
+        """One byte per shard (1 = held), or ``None`` when the peer holds the whole version.
+
+        ``known`` >= 0: the number of shards the asker knows the peer holds; the peer may hold
+        its answer back up to ``wait`` seconds until it holds more (a source that cannot wait
+        answers at once)."""
         ...
 
     async def pull(self, peer: str, version: int, index: int, sink: ShardSink) -> None:

@@ -50,12 +50,25 @@ from swarm.shardcast.protocol import (
     ShardRequest,
 )
 from swarm.shardcast.serve import ShardServer
-from swarm.shardcast.source import BUSY, PeerBusy, ShardNotHeld, ShardSink
+from swarm.shardcast.source import (
+    BUSY,
+    ELSEWHERE,
+    PeerBusy,
+    ShardElsewhere,
+    ShardNotHeld,
+    ShardSink,
+)
 
 MANIFEST_LIMITS = StreamLimits(
-    max_request=4096, max_response=ShardManifest.MAX_BYTES + 1024, timeout=10.0
+    max_request=4096, max_response=ShardManifest.MAX_BYTES + 1024, timeout=10.0, concurrency=32
 )
-SHARD_LIMITS = StreamLimits(max_request=4096, max_response=MAX_PIECE + 1024, timeout=30.0)
+SHARD_LIMITS = StreamLimits(
+    max_request=4096, max_response=MAX_PIECE + 1024, timeout=30.0, concurrency=64, per_peer=8
+)
+"""64 at once: up to ``MAX_WAITING`` of them are waiting ``have`` answers (one per asker that
+fetches from us), the rest are ``get``/``channel`` requests; shard bytes are bounded by the
+upload slots, not by this. With the default 16, 16 waiting answers would shed every other
+request."""
 _NOT_HELD = "not held"
 _WILDCARDS = ("0.0.0.0", "::", "")
 T = TypeVar("T")
@@ -119,7 +132,12 @@ def serve_shardcast(
     async def on_shard(peer: str, body: bytes) -> bytes:
         request = ShardRequest.from_bytes(body)
         if request.op == "have":
-            bits = _refuse_not_held(lambda: server.have(request.version))
+            try:
+                bits = await server.wait_have(
+                    request.version, request.known, request.wait_ms / 1000
+                )
+            except ShardNotHeld as exc:
+                raise ShardNotHeld(f"{_NOT_HELD}: {exc}") from exc
             return Holdings(complete=bits is None, bits=bits or b"").to_bytes()
         if request.op == "channel":
             if channel is None or not channel.port:
@@ -148,6 +166,8 @@ def _translate(exc: PeerError) -> PeerError:
     text = str(exc)
     if "refused /swarm-node/" in text and f": {_NOT_HELD}: " in text:
         return ShardNotHeld(text)
+    if "refused /swarm-node/" in text and f": {ELSEWHERE}: " in text:
+        return ShardElsewhere(text)
     if "refused /swarm-node/" in text and f": {BUSY}: " in text:
         return PeerBusy(text)
     return exc
@@ -180,10 +200,11 @@ class StreamShardSource:
         body = ManifestRequest(LATEST if version is None else version).to_bytes()
         return await self._ask(peer, MANIFEST, body, MANIFEST_LIMITS)
 
-    async def have(self, peer: str, version: int) -> bytes | None:
-        answer = await self._ask(
-            peer, SHARD, ShardRequest("have", version).to_bytes(), SHARD_LIMITS
-        )
+    async def have(
+        self, peer: str, version: int, known: int = -1, wait: float = 0.0
+    ) -> bytes | None:
+        request = ShardRequest("have", version, known=known, wait_ms=int(wait * 1000))
+        answer = await self._ask(peer, SHARD, request.to_bytes(), SHARD_LIMITS)
         try:
             holdings = Holdings.from_bytes(answer)
         except SwarmError as exc:

@@ -28,7 +28,9 @@ class Control:
     async def manifest(self, peer: str, version: int | None) -> bytes:
         return self.raw
 
-    async def have(self, peer: str, version: int) -> bytes | None:
+    async def have(
+        self, peer: str, version: int, known: int = -1, wait: float = 0.0
+    ) -> bytes | None:
         return None
 
 

@@ -239,3 +239,33 @@ async def test_a_seeder_with_every_upload_slot_taken_answers_busy_and_stays_usab
         finally:
             source.close()
         assert server.busy_refusals == 1 and source.connects == 1
+
+
+async def test_a_seeder_with_every_connection_taken_answers_busy_not_a_closed_socket(
+    tmp_path: Path,
+) -> None:
+    async with swarm(tmp_path, {"full": "ok"}) as s:
+        s.channels["full"].config.max_connections = 1
+        first, second = s.source(), s.source()
+        rx = ShardStore(tmp_path / "rx")
+        try:
+            with rx.open(s.signed) as vf:
+                vf.preallocate()
+                sink = ShardSink(vf, 0)
+                await first.pull("full", 1, 0, sink)  # its connection stays open (pooled)
+                with pytest.raises(PeerBusy, match="data channel connections are in use"):
+                    await second.pull("full", 1, 1, ShardSink(vf, 1))
+                first.close()  # the slot comes free
+                sink = ShardSink(vf, 1)
+                with trio.fail_after(5):
+                    while True:
+                        try:
+                            await second.pull("full", 1, 1, sink)
+                            break
+                        except PeerBusy:
+                            await trio.sleep(0.05)
+                assert sink.received == sink.length
+        finally:
+            first.close()
+            second.close()
+        assert s.channels["full"].turned_away >= 1

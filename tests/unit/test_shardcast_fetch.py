@@ -181,7 +181,7 @@ async def test_a_peer_that_claims_a_version_but_lacks_its_shards_spends_its_budg
     c = setup(tmp_path, {"origin": "ok", "liar": "ok"})
     c.source.peers["liar"].held = set()  # pulls are refused as not held...
 
-    async def claims_all(peer: str, version: int) -> bytes | None:
+    async def claims_all(peer: str, version: int, *_: object) -> bytes | None:
         return None  # ...while it claims to hold the whole version
 
     c.source.have = claims_all  # type: ignore[method-assign]
