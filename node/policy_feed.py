@@ -91,13 +91,20 @@ class PolicyFeed:
     async def _catch_up(self) -> None:
         """Until some announcement is known, ask trainers first, then other peers; after that,
         ask a peer or two whenever no announcement has come for ``refresh_every_s``."""
+        wait = self.catch_up_every_s
         while self.node.policy.newest is None:
             by_role = self.node.peers_by_role()
             others = [p for role, ps in by_role.items() if role != "trainer" for p in ps]
             random.shuffle(others)
             await self.pull([*by_role.get("trainer", []), *others[:3]])
-            if self.node.policy.newest is None:
-                await trio.sleep(self.catch_up_every_s)
+            # Back off (2 s, 4 s, ... up to ``refresh_every_s``) while nobody has one: before
+            # a run's first announcement every node asked the trainer and 3 peers every 2 s
+            # (50 requests/s at the trainer with 100 nodes, a third of an idle node's CPU;
+            # docs/BENCHMARKS.md, Scale). A node joining a running swarm gets its answer on the
+            # first ask; the first announcement itself comes by gossip, whatever this waits.
+            with trio.move_on_after(wait):
+                await self.node.policy.wait_for(0)
+            wait = min(2 * wait, max(self.refresh_every_s, self.catch_up_every_s))
         while True:
             version = self.node.policy.version
             with trio.move_on_after(self.refresh_every_s):
