@@ -29,10 +29,11 @@ What the model copies from our implementation (the decisions it does not own):
 - a fetch that sees no verified piece for 30 s with nothing running gives up (``give_up_after``);
   the sim counts it and restarts the fetch with a fresh provider board 2 s later (the catch-up
   loop of ``PolicyFeed``);
-- gossip (``swarm.net.overlay``): GossipSub forwards a new message at once to its mesh peers
-  (degree D = 6); a node starts its fetch when the announcement arrives, after ``lookup_s``
-  (0 with the issue-17 code, which skips the DHT lookup when it knows 8 peers; the run's
-  lookup p50 before it), growing with log N as Kademlia lookups do.
+- gossip (``swarm.net.overlay``): the origin sends its announcement to every subscriber it is
+  connected to (flood publishing, ``origin_links``), GossipSub forwards a new message at once
+  to its mesh peers (degree D = 6); a node starts its fetch when the announcement arrives,
+  after ``lookup_s`` (0 with the issue-17 code, which skips the DHT lookup when it knows 8
+  peers; the run's lookup p50 before it), growing with log N as Kademlia lookups do.
 
 Simplifications, and why they do not change the answer much:
 
@@ -202,7 +203,8 @@ class Simulation(Links):
         d = self.p.gossip_degree
         mesh = self._random_graph(math.ceil(d / 2))
         ids = list(range(self.first, self.first + self.n))
-        origin_peers = self.prng.sample(ids, min(d, len(ids)))
+        fan = d if self.p.origin_links is None else self.p.origin_links
+        origin_peers = self.prng.sample(ids, min(fan, len(ids)))
         lookup = self.p.lookup_s * max(1.0, math.log(self.n) / math.log(self.p.lookup_ref_n))
 
         def hop() -> float:

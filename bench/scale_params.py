@@ -92,6 +92,11 @@ class SimParams:
     lookup_ref_n: int = 100
     per_hop_s: float = 0.01
     gossip_degree: int = 6
+    origin_links: int | None = None
+    """Nodes the origin sends its announcement to directly: with flood publishing
+    (``swarm.net.overlay.FloodPublishGossipSub``) every subscriber it is connected to, up to
+    ``HostLimits.max_connections`` (256); ``None``: its mesh only (``gossip_degree``; the code
+    before flood publishing)."""
     neighbors: int = 8
     """Providers per fetch besides origin and relays: ``node.shardcast.MAX_SOURCES`` (8) of the
     connected run peers, at random (before issue 17: all of them)."""

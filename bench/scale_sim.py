@@ -104,6 +104,9 @@ UPLOAD_SLOTS = 4
 """``node.shardcast.UPLOAD_SLOTS``."""
 MAX_SOURCES = 8
 """``node.shardcast.MAX_SOURCES``."""
+MAX_CONNECTIONS = 256
+"""``swarm.net.host.HostLimits.max_connections``: the most subscribers a flood-publishing
+origin reaches directly (the rest hear it from the mesh)."""
 
 
 def calibrate(run: dict[str, Any], *, before_fixes: bool = False) -> SimParams:
@@ -127,8 +130,11 @@ def calibrate(run: dict[str, Any], *, before_fixes: bool = False) -> SimParams:
     # A run that never reached 95% of its nodes says nothing of the host: no host limit then.
     host = float(run["served_bytes_total"]) / float(span) if span else None
     slots = None if before_fixes else UPLOAD_SLOTS
-    node = float(cal["node_serve_mib_s"]) * MIB * (slots or 1)
     origin = float(cal["origin_serve_mib_s"]) * MIB * (slots or 1)
+    # A run in which no peer served a pull (the origin served everything) measured no peer
+    # rate: a node serves at the origin's rate then (the same code, on the same machine).
+    node_rate = cal["node_serve_mib_s"] or cal["origin_serve_mib_s"]
+    node = float(node_rate) * MIB * (slots or 1)
     if slots is None and host is not None:
         node = origin = host
     return SimParams(
@@ -139,6 +145,7 @@ def calibrate(run: dict[str, Any], *, before_fixes: bool = False) -> SimParams:
         parallel_sources=int(cal["parallel_sources"]),
         per_hop_s=float(cal["per_hop_gossip_s"]),
         gossip_degree=int(cal["gossip_degree"]),
+        origin_links=int(cal["origin_links"]) if cal.get("origin_links") else None,
         lookup_s=float(run["lookup_p50_s"]) if before_fixes else 0.0,
         neighbors=connected if before_fixes else min(MAX_SOURCES, connected),
         upload_slots=slots,
@@ -196,6 +203,7 @@ def home_params(calibrated: SimParams, **changes: Any) -> SimParams:
         per_hop_s=calibrated.per_hop_s + WAN_HOP_S,
         shard_bytes=32 * MIB,
         neighbors=min(calibrated.neighbors, MAX_NEIGHBORS),
+        origin_links=None if calibrated.origin_links is None else MAX_CONNECTIONS,
     )
     return replace(base, **changes)
 
