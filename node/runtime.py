@@ -196,6 +196,7 @@ class Node:
     async def _join(self, nursery: trio.Nursery) -> None:
         self.overlay.set_gate(policy_topic(self.run_id), self._policy_gate)
         self.overlay.set_gate(ledger_topic(self.run_id), self._ledger_gate)
+        self.overlay.flood_publish(policy_topic(self.run_id))  # a trainer's announcements
         policy_sub = await self.overlay.subscribe(policy_topic(self.run_id))
         ledger_sub = await self.overlay.subscribe(ledger_topic(self.run_id))
         nursery.start_soon(self._drain, policy_sub, None)

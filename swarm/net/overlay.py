@@ -6,9 +6,9 @@ or runs beyond the names and validators it is given: ``node.runtime`` builds on 
 
 py-libp2p choices made here, each for a reason:
 - GossipSub v1.1 with a heartbeat of about 1 s and adaptive gossip off (it would stretch the
-  heartbeat to 30-60 s when the mesh looks unhealthy), StrictSign on, and flood publishing
-  (``FloodPublishGossipSub``: our own messages go to every subscribed peer we are connected
-  to, not only our mesh, as GossipSub v1.1 specifies and go-libp2p does by default);
+  heartbeat to 30-60 s when the mesh looks unhealthy), StrictSign on, and flood publishing on
+  the topics given to ``flood_publish`` (``FloodPublishGossipSub``: our own messages go to
+  every subscribed peer we are connected to, not only our mesh, as GossipSub v1.1 specifies);
 - the DHT in server mode when reachable, with ``RoleAdvertValidator`` on the ``swarm-node``
   namespace and strict validation (records in namespaces nobody validates are refused);
 - reachability by dial-back (``swarm.net.reach``, not py-libp2p's AutoNAT, which answered
@@ -127,7 +127,13 @@ class FloodPublishGossipSub(GossipSub):
     the node that publishes, and only for what it publishes itself. A receiver validates
     and forwards it as any gossip message (duplicates stop at its seen cache), so the
     signed-announcement checks are the same.
+
+    Only on ``flood_topics`` (the policy topic: a few small messages per version): a validator
+    flooding every verdict to its hundreds of connections would pay for it on every judgement,
+    where go-libp2p floods every topic.
     """
+
+    flood_topics: frozenset[str] = frozenset()
 
     def _get_peers_to_send(
         self, topic_ids: Any, msg_forwarder: ID, origin: ID, msg_id: bytes | None = None
@@ -138,6 +144,8 @@ class FloodPublishGossipSub(GossipSub):
             return peers
         scorer = self.scorer
         for topic in topic_ids:
+            if topic not in self.flood_topics:
+                continue
             for peer in pubsub.peer_topics.get(topic, ()):
                 if peer == origin or self.peer_protocol.get(peer) is None:
                     continue
@@ -480,6 +488,11 @@ class Overlay:
         return list(found)[:count]
 
     # -- gossip ---------------------------------------------------------------------------------
+
+    def flood_publish(self, topic: str) -> None:
+        """Send what we publish on ``topic`` to every subscriber we are connected to, not only
+        to our mesh (``FloodPublishGossipSub``)."""
+        self.gossipsub.flood_topics = self.gossipsub.flood_topics | {topic}
 
     def set_gate(self, topic: str, gate: Gate) -> None:
         """Validate every message of ``topic`` (ours included) with ``gate``."""

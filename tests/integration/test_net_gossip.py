@@ -66,6 +66,7 @@ async def test_the_publisher_floods_its_own_message_to_every_subscribed_peer() -
     topic = "flood-test"
     async with AsyncExitStack() as stack:
         pub = await stack.enter_async_context(Overlay.start(key_named("flood-pub"), config))
+        pub.flood_publish(topic)
         await pub.subscribe(topic)
         subs = []
         for i in range(3):
