@@ -323,6 +323,7 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
         cpu_s_per_node=sum(u[1] for u in usage) / n,
         idle_cpu_pct_per_node=100 * idle_cpu / n,
         publisher_rss_mib=pub_usage[0],
+        publisher_connections=stats["pub"][0]["connections"],
         publisher_cpu_s=pub_usage[1],
         origin_share_received=from_origin
         / max(1, sum(sum(e["from"].values()) for e in fetched_ev)),

@@ -78,8 +78,11 @@ def calibration(
     """What ``bench/scale_sim.py`` calibrates from (rates are per pull, as receivers saw them).
 
     ``per_hop_gossip_s`` is derived, not observed: the median announcement time over the
-    expected number of mesh hops, log(N) / log(gossip degree)."""
-    hops = max(1.0, math.log(run["nodes"]) / math.log(GOSSIP_DEGREE))
+    expected number of hops. The publisher floods its announcement to the ``origin_links``
+    nodes it is connected to (``FloodPublishGossipSub``): one hop for the median node when
+    that is half of them or more, else one hop and log(N / links) / log(gossip degree) more."""
+    n, links = run["nodes"], max(1, int(run.get("publisher_connections") or GOSSIP_DEGREE))
+    hops = 1.0 if links >= n / 2 else 1.0 + math.log(n / links) / math.log(GOSSIP_DEGREE)
     return {
         "node_serve_mib_s": statistics.median(rates["peers"]) if rates["peers"] else None,
         "origin_serve_mib_s": statistics.median(rates["origin"]) if rates["origin"] else None,
@@ -88,6 +91,7 @@ def calibration(
         "shard_bytes": shard_bytes,
         "parallel_sources": PARALLEL_SOURCES,
         "gossip_degree": GOSSIP_DEGREE,
+        "origin_links": run.get("publisher_connections"),
     }
 
 

@@ -2,6 +2,8 @@
 
 ``simulate(params, n, version_bytes, links, seed)`` broadcasts one version from an origin to
 ``n`` nodes; ``bench/scale_sim.py`` calibrates it on ``bench/scale.py`` and projects with it.
+This module owns the gossip, the fetch scheduler and the run; ``scale_links`` moves the bytes
+(bandwidth sharing, serving limits) and ``scale_params`` holds the parameters and links.
 
 What the model copies from our implementation (the decisions it does not own):
 
@@ -27,10 +29,11 @@ What the model copies from our implementation (the decisions it does not own):
 - a fetch that sees no verified piece for 30 s with nothing running gives up (``give_up_after``);
   the sim counts it and restarts the fetch with a fresh provider board 2 s later (the catch-up
   loop of ``PolicyFeed``);
-- gossip (``swarm.net.overlay``): GossipSub forwards a new message at once to its mesh peers
-  (degree D = 6); a node starts its fetch when the announcement arrives, after ``lookup_s``
-  (0 with the issue-17 code, which skips the DHT lookup when it knows 8 peers; the run's
-  lookup p50 before it), growing with log N as Kademlia lookups do.
+- gossip (``swarm.net.overlay``): the origin sends its announcement to every subscriber it is
+  connected to (flood publishing, ``origin_links``), GossipSub forwards a new message at once
+  to its mesh peers (degree D = 6); a node starts its fetch when the announcement arrives,
+  after ``lookup_s`` (0 with the issue-17 code, which skips the DHT lookup when it knows 8
+  peers; the run's lookup p50 before it), growing with log N as Kademlia lookups do.
 
 Simplifications, and why they do not change the answer much:
 
@@ -63,174 +66,42 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import simpy
+from scale_links import Fetcher, Flow, Links
+from scale_params import (
+    DEFAULT_RATE,
+    GB,
+    MBIT,
+    MIB,
+    RATE_TOLERANCE,
+    SCAN,
+    WAKE_PER_SLOT,
+    HomeLinks,
+    SimParams,
+)
 
-MIB = 1024 * 1024
-MBIT = 1_000_000 / 8
-"""Bytes/s of one Mbit/s."""
-GB = 1_000_000_000
-DEFAULT_RATE = 50.0 * MIB
-"""``swarm.shardcast.peers.DEFAULT_RATE``: a provider's rate before anything is measured."""
-SCAN = 64
-"""``swarm.shardcast.fetch._SCAN``: pending pieces weighed per pick."""
-WAKE_PER_SLOT = 4
-"""Askers woken when a busy provider frees a slot (``busy_wake="slot"``)."""
-RATE_TOLERANCE = 0.02
-"""Flow rates are updated when they move by more than 2% (a big server's every new flow would
-otherwise reschedule all of its flows)."""
-
-
-@dataclass(frozen=True)
-class HomeLinks:
-    """Contributors' links: upload lognormal with median ``median_mbit`` and 10% at or above
-    ``p90_mbit`` (capped at ``max_mbit``); download ``down_factor`` x upload, clamped to
-    [``down_min_mbit``, ``down_max_mbit``] (asymmetric cable/DSL; fibre is symmetric at the cap).
-
-    The default is an assumption, not a measurement: home uplinks in rich countries mostly sit
-    at 10-40 Mbit/s (cable, DSL) with a fibre tail at 100-1,000 Mbit/s."""
-
-    median_mbit: float = 20.0
-    p90_mbit: float = 100.0
-    max_mbit: float = 1000.0
-    down_factor: float = 5.0
-    down_min_mbit: float = 100.0
-    down_max_mbit: float = 1000.0
-
-    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """(upload, download) in bytes/s for ``n`` contributors."""
-        sigma = math.log(self.p90_mbit / self.median_mbit) / 1.2815515655446004
-        up = np.minimum(rng.lognormal(math.log(self.median_mbit), sigma, n), self.max_mbit)
-        down = np.clip(up * self.down_factor, self.down_min_mbit, self.down_max_mbit)
-        return up * MBIT, down * MBIT
-
-    def describe(self) -> str:
-        return (
-            f"upload lognormal, median {self.median_mbit:g} Mbit/s, 10% >= {self.p90_mbit:g}"
-            f" Mbit/s, cap {self.max_mbit:g}; download {self.down_factor:g}x upload in"
-            f" [{self.down_min_mbit:g}, {self.down_max_mbit:g}] Mbit/s"
-        )
+__all__ = [
+    "DEFAULT_RATE",
+    "GB",
+    "MBIT",
+    "MIB",
+    "RATE_TOLERANCE",
+    "SCAN",
+    "WAKE_PER_SLOT",
+    "Fetcher",
+    "Flow",
+    "HomeLinks",
+    "SimParams",
+    "Simulation",
+    "simulate",
+]
 
 
-@dataclass(frozen=True)
-class SimParams:
-    """Everything the model needs; rates in bytes/s, times in seconds."""
-
-    origin_up: float
-    node_up: float
-    node_down: float = math.inf
-    host_cap: float | None = None
-    """One machine hosts every node (the calibration run): all flows share this capacity."""
-    shard_bytes: int = 32 * MIB
-    parallel_sources: int = 4
-    per_peer: int = 2
-    channel_slots: int = 64
-    stream_slots: int = 16
-    origin_slots: int | None = None
-    """Data channel connections of the origin and relays (``None``: ``channel_slots``)."""
-    upload_slots: int | None = 4
-    """``ShardServer.max_uploads`` (``node.shardcast.UPLOAD_SLOTS``): spans a node sends at
-    once; past them the asker is told ``PeerBusy`` (no fault) and rests that provider for
-    ``have_refresh_s`` x U(1, 2). ``None``: no limit (the code before issue 17)."""
-    origin_upload_slots: int | None = None
-    """The origin's and relays' upload slots when they differ (a what-if)."""
-    busy_wake: str = "timer"
-    """"timer": a rested provider is asked again when its rest is over (the code); "slot":
-    when it frees a slot (cheaper to simulate: no polling; optimistic by at most one rest)."""
-    idle_timeout_s: float = 60.0
-    failure_budget: int = 3
-    explore: float = 0.1
-    have_refresh_s: float = 0.5
-    give_up_s: float = 30.0
-    retry_s: float = 2.0
-    lookup_s: float = 0.0
-    """Delay between the announcement and the first pull (provider lookup, manifest)."""
-    lookup_ref_n: int = 100
-    per_hop_s: float = 0.01
-    gossip_degree: int = 6
-    neighbors: int = 8
-    """Providers per fetch besides origin and relays: ``node.shardcast.MAX_SOURCES`` (8) of the
-    connected run peers, at random (before issue 17: all of them)."""
-    serve: bool = True
-    """False: nodes fetch from the origin (and relays) only and serve nobody."""
-    relays: int = 0
-    relay_up: float = 10_000 * MBIT
-    relay_down: float = 10_000 * MBIT
-    endgame: bool = True
-    max_transfers: int = 30_000
-    horizon_s: float = 30 * 24 * 3600.0
-
-
-class _Flow:
-    """One pull of one piece from ``src`` to ``dst``, at the rate ``Simulation._rate`` gives."""
-
-    __slots__ = (
-        "at",
-        "cancelled",
-        "done",
-        "dst",
-        "gen",
-        "left",
-        "path",
-        "pi",
-        "rate",
-        "size",
-        "src",
-    )
-
-    def __init__(self, src: int, dst: int, size: float, pi: int, path: str, done: Any) -> None:
-        self.src, self.dst, self.size, self.pi, self.path, self.done = (
-            src,
-            dst,
-            size,
-            pi,
-            path,
-            done,
-        )
-        self.left, self.rate, self.at, self.gen, self.cancelled = size, 0.0, 0.0, 0, False
-
-
-@dataclass
-class _Fetcher:
-    node: int
-    prov: np.ndarray
-    pending: list[int]
-    rate: np.ndarray = field(init=False)
-    success: np.ndarray = field(init=False)
-    failures: np.ndarray = field(init=False)
-    inflight: np.ndarray = field(init=False)
-    dropped: np.ndarray = field(init=False)
-    no_channel: np.ndarray = field(init=False)
-    busy_until: np.ndarray = field(init=False)
-    running: dict[int, list[_Flow]] = field(default_factory=dict)
-    claimed: set[int] = field(default_factory=set)
-    memory_pulls: int = 0
-    last_progress: float = 0.0
-    done: int = 0
-    finished_at: float = math.inf
-    changed: Any = None
-    wake_pending: bool = False
-    index: dict[int, int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.index = {int(node): i for i, node in enumerate(self.prov)}
-        self.reset()
-
-    def reset(self) -> None:
-        c = len(self.prov)
-        self.rate = np.full(c, np.nan)
-        self.success = np.ones(c)
-        self.failures = np.zeros(c, dtype=np.int64)
-        self.inflight = np.zeros(c, dtype=np.int64)
-        self.dropped = np.zeros(c, dtype=bool)
-        self.no_channel = np.zeros(c, dtype=bool)
-        self.busy_until = np.zeros(c)
-
-
-class Simulation:
+class Simulation(Links):
     """One broadcast of one version from node 0 (the origin) to ``n`` contributors."""
 
     def __init__(
@@ -276,9 +147,9 @@ class Simulation:
         self.got_at = np.full((m, self.pieces), np.inf)
         self.got_at[0, :] = -np.inf
         # Flows in dicts, not sets: insertion order keeps a seed's run reproducible.
-        self.up_flows: list[dict[_Flow, None]] = [{} for _ in range(m)]
-        self.down_flows: list[dict[_Flow, None]] = [{} for _ in range(m)]
-        self.active: dict[_Flow, None] = {}
+        self.up_flows: list[dict[Flow, None]] = [{} for _ in range(m)]
+        self.down_flows: list[dict[Flow, None]] = [{} for _ in range(m)]
+        self.active: dict[Flow, None] = {}
         self.share = np.full(m, np.inf)  # each source's share when last reflowed
         self.level = np.full(m, np.inf)  # each receiver's water level
         self.busy_waiters: list[list[int]] = [[] for _ in range(m)]
@@ -292,7 +163,7 @@ class Simulation:
         self.stream_active = np.zeros(m, dtype=np.int64)
         self.served = np.zeros(m)
         self.announced = np.full(m, np.inf)
-        self.fetchers: dict[int, _Fetcher] = {}
+        self.fetchers: dict[int, Fetcher] = {}
         self.starved: set[int] = set()
         self.finished = 0
         self.all_done = self.env.event()
@@ -332,7 +203,8 @@ class Simulation:
         d = self.p.gossip_degree
         mesh = self._random_graph(math.ceil(d / 2))
         ids = list(range(self.first, self.first + self.n))
-        origin_peers = self.prng.sample(ids, min(d, len(ids)))
+        fan = d if self.p.origin_links is None else self.p.origin_links
+        origin_peers = self.prng.sample(ids, min(fan, len(ids)))
         lookup = self.p.lookup_s * max(1.0, math.log(self.n) / math.log(self.p.lookup_ref_n))
 
         def hop() -> float:
@@ -353,156 +225,14 @@ class Simulation:
         for peer in origin_peers:
             self.env.timeout(hop()).callbacks.append(lambda _e, v=peer: arrive(v))
 
-    # --- bandwidth --------------------------------------------------------------------------
-    def _advance(self, f: _Flow) -> None:
-        now = self.env.now
-        f.left = max(0.0, f.left - f.rate * (now - f.at))
-        f.at = now
-
-    def _share(self, src: int) -> float:
-        """A source's upload split evenly over its flows (the cap each flow brings along)."""
-        return float(self.up[src]) / len(self.up_flows[src])
-
-    def _level(self, dst: int) -> float:
-        """Max-min water level of ``dst``'s download over its flows, each capped by its source's
-        share: a flow gets min(its cap, level), so a fast source can use what slow ones leave."""
-        left = float(self.down[dst])
-        if left == math.inf:
-            return math.inf
-        caps = sorted(self._share(f.src) for f in self.down_flows[dst])
-        for i, cap in enumerate(caps):
-            fair = left / (len(caps) - i)
-            if cap >= fair:
-                return fair
-            left -= cap
-        return math.inf
-
-    def _reflow(self, src: int, dst: int) -> None:
-        """Rates after a flow started or ended between ``src`` and ``dst``: the flows into
-        ``dst``, and into each receiver of ``src`` whose level ``src``'s new share can move (a
-        share that stays at or above a receiver's level leaves that level alone)."""
-        old, new = self.share[src], self._share(src) if self.up_flows[src] else math.inf
-        receivers = {dst}
-        if math.isinf(old) or math.isinf(new) or abs(new - old) > RATE_TOLERANCE * old:
-            self.share[src] = new
-            low = min(old, new)
-            receivers |= {f.dst for f in self.up_flows[src] if low < self.level[f.dst]}
-        host = self.p.host_cap / len(self.active) if self.p.host_cap and self.active else math.inf
-        if host < math.inf:  # one machine: every flow's host share moved
-            receivers |= {f.dst for f in self.active}
-        for r in receivers:
-            self.level[r] = self._level(r)
-        for r in receivers:
-            for f in self.down_flows[r]:
-                rate = min(self._share(f.src), self.level[r], host)
-                if abs(rate - f.rate) <= RATE_TOLERANCE * f.rate:
-                    continue
-                self._advance(f)
-                f.rate, f.gen = rate, f.gen + 1
-                self.env.timeout(f.left / rate).callbacks.append(
-                    lambda _e, g=f.gen, fl=f: self._arrived(fl, g)
-                )
-
-    def _arrived(self, f: _Flow, gen: int) -> None:
-        if f.gen != gen or f.cancelled:
-            return
-        self._advance(f)
-        f.left = 0.0
-        self._stop(f)
-        f.done.succeed(True)
-
-    def _start(self, f: _Flow) -> None:
-        f.at = self.env.now
-        self.up_flows[f.src][f] = None
-        self.down_flows[f.dst][f] = None
-        self.active[f] = None
-        self._reflow(f.src, f.dst)
-
-    def _stop(self, f: _Flow) -> None:
-        self._advance(f)
-        self.served[f.src] += f.size - f.left
-        self.up_flows[f.src].pop(f, None)
-        self.down_flows[f.dst].pop(f, None)
-        self.active.pop(f, None)
-        f.gen += 1
-        self._reflow(f.src, f.dst)
-        waiters = self.busy_waiters[f.src]
-        for node in waiters[:WAKE_PER_SLOT]:  # a slot is free: the first turned away ask again
-            fe = self.fetchers[node]
-            fe.busy_until[fe.index[f.src]] = 0.0
-            self._notify(fe)
-        del waiters[:WAKE_PER_SLOT]
-
-    def _cancel(self, f: _Flow) -> None:
-        if f.done.triggered:
-            return
-        f.cancelled = True
-        self._stop(f)
-        f.done.succeed(False)
-
-    # --- serving limits ---------------------------------------------------------------------
-    def _admit(self, fe: _Fetcher, pi: int) -> str | None:
-        """The path a pull from provider ``pi`` takes: an idle or new data channel connection,
-        else (for the rest of this fetch) a libp2p stream slot; "busy": every upload slot is
-        taken; ``None``: refused (the stream protocol's limit: a failure)."""
-        src = int(fe.prov[pi])
-        slots = self.p.upload_slots if src >= self.first else self.origin_slots
-        if slots is not None and len(self.up_flows[src]) >= slots:
-            self.counts["busy"] += 1
-            return "busy"
-        if not fe.no_channel[pi]:
-            conns = self.chan[src]
-            entry = conns.get(fe.node)
-            if entry is not None and entry[0] > entry[2]:
-                entry[2] += 1
-                return "channel"
-            if self.chan_total[src] >= self.slots[src]:
-                self._reclaim(src)
-            if self.chan_total[src] < self.slots[src]:
-                entry = conns.setdefault(fe.node, [0, 0.0, 0])
-                entry[0] += 1
-                entry[2] += 1
-                self.chan_total[src] += 1
-                return "channel"
-            fe.no_channel[pi] = True  # the channel closed on us: streams to this peer from now
-            self.counts["stream_fallbacks"] += 1
-        if self.stream_active[src] < self.p.stream_slots:
-            self.stream_active[src] += 1
-            return "stream"
-        self.counts["refusals"] += 1
-        return None
-
-    def _reclaim(self, src: int) -> None:
-        """Close connections idle for ``idle_timeout_s`` (the data channel's idle timeout)."""
-        conns, now = self.chan[src], self.env.now
-        for asker, (count, used, busy) in list(conns.items()):
-            if busy == 0 and now - used > self.t.idle_timeout_s:
-                del conns[asker]
-                self.chan_total[src] -= int(count)
-
-    def _release(self, fe: _Fetcher, src: int, path: str) -> None:
-        if path == "stream":
-            self.stream_active[src] -= 1
-            return
-        entry = self.chan[src].get(fe.node)
-        if entry is not None:  # None: closed with the fetch (a cancelled endgame copy)
-            entry[1], entry[2] = self.env.now, entry[2] - 1
-
-    def _close_all(self, fe: _Fetcher) -> None:
-        """The fetch ended: its source closes every idle data channel connection."""
-        for src in fe.prov:
-            entry = self.chan[int(src)].pop(fe.node, None)
-            if entry is not None:
-                self.chan_total[int(src)] -= int(entry[0])
-
     # --- the fetch scheduler ----------------------------------------------------------------
-    def _weights(self, fe: _Fetcher) -> np.ndarray:
+    def _weights(self, fe: Fetcher) -> np.ndarray:
         known = fe.rate[~np.isnan(fe.rate) & ~fe.dropped]
         default = known.max() if known.size else DEFAULT_RATE
         rate = np.where(np.isnan(fe.rate), default, fe.rate)
         return np.maximum(rate, 1.0) * np.maximum(fe.success, 0.01) ** 2 / (1 + fe.inflight) ** 3
 
-    def _choose(self, fe: _Fetcher, candidates: np.ndarray, w: np.ndarray) -> int | None:
+    def _choose(self, fe: Fetcher, candidates: np.ndarray, w: np.ndarray) -> int | None:
         if candidates.size == 0:
             return None
         if candidates.size == 1:
@@ -511,12 +241,12 @@ class Simulation:
             return int(self.prng.choice(candidates))
         return int(self.prng.choices(candidates, weights=w[candidates], k=1)[0])
 
-    def _holds(self, fe: _Fetcher, pieces: list[int]) -> np.ndarray:
+    def _holds(self, fe: Fetcher, pieces: list[int]) -> np.ndarray:
         """(providers x pieces): which providers this fetcher knows to hold which pieces."""
         seen = self.env.now - self.t.have_refresh_s
         return (self.got_at[np.ix_(fe.prov, pieces)] <= seen) & ~fe.dropped[:, None]
 
-    def _next(self, fe: _Fetcher) -> tuple[int, int] | None:
+    def _next(self, fe: Fetcher) -> tuple[int, int] | None:
         scan = fe.pending[:SCAN]
         if not scan:
             return None
@@ -536,7 +266,7 @@ class Simulation:
         del fe.pending[j]
         return scan[j], pi
 
-    def _endgame(self, fe: _Fetcher) -> tuple[int, int] | None:
+    def _endgame(self, fe: Fetcher) -> tuple[int, int] | None:
         if not self.p.endgame or fe.memory_pulls > 0:
             return None
         runs = [
@@ -554,7 +284,7 @@ class Simulation:
                 return piece, pi
         return None
 
-    def _fail(self, fe: _Fetcher, pi: int) -> None:
+    def _fail(self, fe: Fetcher, pi: int) -> None:
         fe.failures[pi] += 1
         fe.success[pi] *= 0.7  # PeerBoard.alpha = 0.3
         if fe.failures[pi] >= self.p.failure_budget:
@@ -577,15 +307,15 @@ class Simulation:
                     lambda _e, f=fe: self._wake(f)
                 )
 
-    def _wake(self, fe: _Fetcher) -> None:
+    def _wake(self, fe: Fetcher) -> None:
         fe.wake_pending = False
         self._notify(fe)
 
-    def _notify(self, fe: _Fetcher) -> None:
+    def _notify(self, fe: Fetcher) -> None:
         event, fe.changed = fe.changed, self.env.event()
         event.succeed()
 
-    def _pull(self, fe: _Fetcher, piece: int, pi: int, in_memory: bool) -> Any:
+    def _pull(self, fe: Fetcher, piece: int, pi: int, in_memory: bool) -> Any:
         path = self._admit(fe, pi)
         if path is None or path == "busy":
             if path is None:
@@ -601,7 +331,7 @@ class Simulation:
                 fe.pending.append(piece)
             return
         src = int(fe.prov[pi])
-        f = _Flow(src, fe.node, self.piece_size[piece], pi, path, self.env.event())
+        f = Flow(src, fe.node, self.piece_size[piece], pi, path, self.env.event())
         fe.running.setdefault(piece, []).append(f)
         fe.inflight[pi] += 1
         fe.memory_pulls += in_memory
@@ -637,7 +367,7 @@ class Simulation:
                 if self.finished == self.n:
                     self.all_done.succeed()
 
-    def _worker(self, fe: _Fetcher) -> Any:
+    def _worker(self, fe: Fetcher) -> Any:
         while fe.pending or fe.running:
             picked, in_memory = self._next(fe), False
             if picked is None:
@@ -680,7 +410,7 @@ class Simulation:
             prov = [0, *range(1, self.first), *self.peers[node - self.first]]
         order = list(range(self.pieces))
         self.prng.shuffle(order)  # receivers fetch in different orders, so they can trade
-        fe = _Fetcher(node, np.array(prov, dtype=np.int64), order)
+        fe = Fetcher(node, np.array(prov, dtype=np.int64), order)
         fe.changed = self.env.event()
         fe.last_progress = self.env.now
         self.fetchers[node] = fe

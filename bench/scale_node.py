@@ -222,6 +222,20 @@ async def lookup(node: Node, role: str) -> tuple[float, int]:
     return (trio.current_time() - t0) * 1000, found
 
 
+async def profile(seconds: float, path: Path) -> None:
+    """cProfile this process's trio loop (every node of the group) for ``seconds``; the stats
+    go to ``path`` (``pstats`` format, read by ``bench/idle.py``)."""
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        await trio.sleep(seconds)
+    finally:
+        profiler.disable()
+    profiler.dump_stats(str(path))
+
+
 async def group(spec: dict[str, Any], first: int, count: int) -> None:
     root = Path(spec["dir"])
     nodes: list[tuple[Node, PolicyFeed]] = []
@@ -252,6 +266,9 @@ async def group(spec: dict[str, Any], first: int, count: int) -> None:
         async for cmd in commands():
             if cmd["cmd"] == "stats":
                 say({"ev": "stats", "nodes": [feed_stats(n, f) for n, f in nodes]})
+            elif cmd["cmd"] == "profile":  # cProfile the whole trio loop (bench/idle.py)
+                await profile(float(cmd["s"]), Path(cmd["path"]))
+                say({"ev": "profiled", "path": cmd["path"]})
             elif cmd["cmd"] == "lookup":  # bounded: the answer comes within 30 s
                 ms: list[float] = []
                 trainer_found: list[int] = []

@@ -91,13 +91,20 @@ class PolicyFeed:
     async def _catch_up(self) -> None:
         """Until some announcement is known, ask trainers first, then other peers; after that,
         ask a peer or two whenever no announcement has come for ``refresh_every_s``."""
+        wait = self.catch_up_every_s
         while self.node.policy.newest is None:
             by_role = self.node.peers_by_role()
             others = [p for role, ps in by_role.items() if role != "trainer" for p in ps]
             random.shuffle(others)
             await self.pull([*by_role.get("trainer", []), *others[:3]])
-            if self.node.policy.newest is None:
-                await trio.sleep(self.catch_up_every_s)
+            # Back off (2 s, 4 s, ... up to ``refresh_every_s``) while nobody has one: before
+            # a run's first announcement every node asked the trainer and 3 peers every 2 s
+            # (50 requests/s at the trainer with 100 nodes, a third of an idle node's CPU;
+            # docs/BENCHMARKS.md, Scale). A node joining a running swarm gets its answer on the
+            # first ask; the first announcement itself comes by gossip, whatever this waits.
+            with trio.move_on_after(wait):
+                await self.node.policy.wait_for(0)
+            wait = min(2 * wait, max(self.refresh_every_s, self.catch_up_every_s))
         while True:
             version = self.node.policy.version
             with trio.move_on_after(self.refresh_every_s):
@@ -107,25 +114,32 @@ class PolicyFeed:
             await self.pull(random.sample(peers, min(2, len(peers))))
 
     async def pull(self, peers: list[str], timeout: float = 5.0) -> bool:
-        """Ask ``peers`` in turn for their newest announcement until one is newer than ours;
-        ``True`` when the policy advanced. The answer carries the trainer's signature and goes
-        through the gossip gate, so any peer may be asked."""
-        with trio.move_on_after(timeout):
-            for peer in peers:
-                if peer == self.node.peer_id:
-                    continue
-                try:
-                    raw = await self.node.request(peer, POLICY, b"", POLICY_LIMITS)
-                except SwarmError:
-                    continue
-                try:
-                    signed = self.node.policy_gate.check(raw)
-                except SwarmError:
-                    continue  # stale or duplicate: the usual answer, not worth a log line
-                self.node.policy_gate.keep(signed)
-                log.info("policy v%d learnt from %s", signed.message.version, peer[-8:])
-                return True
-        return False
+        """Ask ``peers`` at once for their newest announcement; ``True`` when one was newer
+        than ours (the others are cancelled then). The answer carries the trainer's signature
+        and goes through the gossip gate, so any peer may be asked. At once, not in turn: the
+        trainer is asked first and, serving a new version to every node, it may not answer
+        within ``timeout``; asked in turn, it used up the whole budget (12 of 100 nodes never
+        learnt a version in 90 s; docs/BENCHMARKS.md, Scale)."""
+        learnt = False
+
+        async def ask(peer: str, cancel: trio.CancelScope) -> None:
+            nonlocal learnt
+            try:
+                raw = await self.node.request(peer, POLICY, b"", POLICY_LIMITS)
+                signed = self.node.policy_gate.check(raw)
+            except SwarmError:
+                return  # stale or duplicate: the usual answer, not worth a log line
+            self.node.policy_gate.keep(signed)
+            log.info("policy v%d learnt from %s", signed.message.version, peer[-8:])
+            learnt = True
+            cancel.cancel()
+
+        with trio.move_on_after(timeout) as scope:
+            async with trio.open_nursery() as nursery:
+                for peer in dict.fromkeys(peers):
+                    if peer != self.node.peer_id:
+                        nursery.start_soon(ask, peer, scope)
+        return learnt
 
     def path_of(self, version: int) -> Path | None:
         """The safetensors file of a complete local version, or None."""

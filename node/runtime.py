@@ -196,6 +196,7 @@ class Node:
     async def _join(self, nursery: trio.Nursery) -> None:
         self.overlay.set_gate(policy_topic(self.run_id), self._policy_gate)
         self.overlay.set_gate(ledger_topic(self.run_id), self._ledger_gate)
+        self.overlay.flood_publish(policy_topic(self.run_id))  # a trainer's announcements
         policy_sub = await self.overlay.subscribe(policy_topic(self.run_id))
         ledger_sub = await self.overlay.subscribe(ledger_topic(self.run_id))
         nursery.start_soon(self._drain, policy_sub, None)
@@ -273,14 +274,20 @@ class Node:
 
     async def _connect_found_peers(self) -> None:
         """Connect to the run's peers found in the DHT, so the gossip mesh does not depend on
-        the bootstrap peers alone (bounded: at most MAX_GOSSIP_PEERS connections we start)."""
+        the bootstrap peers alone (bounded: at most MAX_GOSSIP_PEERS connections we start).
+        Trainers come first and past that bound: a trainer floods its announcements to every
+        subscriber it is connected to (``FloodPublishGossipSub``), so a node connected to it
+        hears a new version in one hop; a node whose inbound connections had filled the bound
+        before it found the trainer heard it over several busy hops (bench/scale.py)."""
         while True:
             await self.membership.found.wait()
             self.membership.found = trio.Event()
             connected = set(self.overlay.connected_peers())
-            for peers in self.membership.peers_by_role().values():
-                for peer in peers:
-                    if peer in connected or len(connected) >= MAX_GOSSIP_PEERS:
+            by_role = self.membership.peers_by_role()
+            for role in sorted(by_role, key=lambda r: r != "trainer"):
+                for peer in by_role[role]:
+                    full = len(connected) >= MAX_GOSSIP_PEERS and role != "trainer"
+                    if peer in connected or full:
                         continue
                     # Direct addresses only: a private peer dials out to us anyway, and a
                     # circuit per pair of peers would use up the relays' circuit limits.

@@ -5,11 +5,13 @@ itself as a provider of its role's key; both are refreshed well before the adver
 third of its lifetime, and again whenever our DHT routing table has doubled since we last
 published: records stored while the network was small sit at the peers that were closest then,
 and a lookup asks only the peers closest now (``_grown``; without it, on 25 loopback nodes,
-some never found a trainer that joined before them: docs/BENCHMARKS.md, Scale). Lookups go the
-other way: providers of a role's key, then each
-provider's advert, checked again here (signed by the peer it describes, unexpired, the role it
-was found under, and for trainers and validators named by the genesis), because provider records
-are unsigned and anyone may claim to provide any key.
+some never found a trainer that joined before them: docs/BENCHMARKS.md, Scale). Discovery
+runs every ``discover_every_s`` (3 s) and backs off to 8x while nothing new turns up; one more
+peer of a role we know ``ENOUGH_PEERS`` of does not bring the base pace back (``hurry``).
+Lookups go the other way: providers of a role's key, then each provider's advert, checked
+again here (signed by the peer it describes, unexpired, the role it was found under, and for
+trainers and validators named by the genesis), because provider records are unsigned and
+anyone may claim to provide any key.
 """
 
 from __future__ import annotations
@@ -265,11 +267,31 @@ class Membership:
                     log.warning("refreshing our RoleAdvert failed (%s); retrying soon", exc)
                     next_refresh = trio.current_time() + min(5.0, refresh_every)
                 await self.check_duplicate()
-            known = len(self._peers)
+            before = self._role_counts()
             await self.discover()
             # Back off while nothing new turns up (3 s, 6 s, ... up to 8x): every node's
             # discovery asks the DHT for 3 roles, and with all 100 nodes of a swarm asking
             # every 3 s the bootstrap peers, which hold the records early on, stopped answering
-            # (docs/BENCHMARKS.md, Scale). Something new found starts again at the base pace.
-            quiet = 0 if len(self._peers) != known else min(quiet + 1, 3)
+            # (docs/BENCHMARKS.md, Scale). Something new found starts again at the base pace,
+            # unless it is one more of a role we know ``ENOUGH_PEERS`` of (``hurry``).
+            quiet = 0 if hurry(before, self._role_counts()) else min(quiet + 1, 3)
             await trio.sleep(self.config.discover_every_s * 2**quiet)
+
+    def _role_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = dict.fromkeys(RUN_ROLES, 0)
+        for signed in self._peers.values():
+            counts[signed.message.role] += 1
+        return counts
+
+
+ENOUGH_PEERS = 32
+"""Peers of one role past which finding one more does not quicken discovery: what a node
+uses them for (gossip connections, ``node.runtime.MAX_GOSSIP_PEERS``; shard sources, 8 of
+them) is served. While 100 nodes joined, each newcomer set every node back to the base pace
+(a discovery round every 3 s each, for as long as nodes kept joining)."""
+
+
+def hurry(before: Mapping[str, int], after: Mapping[str, int]) -> bool:
+    """Discover again at the base pace: a role gained a peer while we knew fewer than
+    ``ENOUGH_PEERS`` of it (a new trainer or validator always counts: there are few)."""
+    return any(after.get(role, 0) > n and n < ENOUGH_PEERS for role, n in before.items())

@@ -1,9 +1,15 @@
-"""Policy gossip validation on a line of three real nodes: A (trainer) - B - C."""
+"""Policy gossip validation on a line of three real nodes: A (trainer) - B - C; flood
+publishing."""
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
+
+import trio
+
 from swarm.messages import PolicyAnnouncement, sign
 from swarm.net import POLICY_MAX_BYTES, policy_topic
+from swarm.net.overlay import Overlay, OverlayConfig
 from tests.netfactory import NetFactory, key_named, wait_until
 
 
@@ -49,3 +55,29 @@ async def test_invalid_announcements_stop_at_the_first_honest_node() -> None:
         if line:
             assert c.stats.as_dict()["rejected"] == {}
         assert c.policy.newest.message.manifest_id == b"\x03" * 32
+
+
+async def test_the_publisher_floods_its_own_message_to_every_subscribed_peer() -> None:
+    """Flood publishing: the publisher's mesh cut to one peer (in a large swarm it holds
+    ``degree`` of its many connections) and no heartbeat for 60 s (no lazy gossip, no mesh
+    repair): the three subscribers it is connected to (not to each other) all get its message
+    at once. Without flooding, two of them would wait for the next heartbeat's gossip."""
+    config = OverlayConfig(heartbeat=60.0, gossip_degree=(1, 1, 1))
+    topic = "flood-test"
+    async with AsyncExitStack() as stack:
+        pub = await stack.enter_async_context(Overlay.start(key_named("flood-pub"), config))
+        pub.flood_publish(topic)
+        await pub.subscribe(topic)
+        subs = []
+        for i in range(3):
+            peer = await stack.enter_async_context(Overlay.start(key_named(f"flood-{i}"), config))
+            subs.append(await peer.subscribe(topic))
+            assert await peer.connect(pub.peer_id, pub.addrs()) is None
+        await wait_until(lambda: len(pub.topic_peers(topic)) == 3, 10)
+        mesh = pub.gossipsub.mesh.setdefault(topic, set())
+        while len(mesh) > 1:
+            mesh.pop()
+        await pub.publish(topic, b"announcement")
+        with trio.fail_after(5):
+            for sub in subs:
+                assert bytes((await sub.get()).data) == b"announcement"

@@ -70,4 +70,5 @@ def test_figures_and_calibration_carry_the_keys_the_simulation_reads() -> None:
         "shard_bytes",
         "parallel_sources",
         "gossip_degree",
+        "origin_links",
     }

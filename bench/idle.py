@@ -1,0 +1,160 @@
+"""Idle cost of a node: CPU per node while nothing is published, and where it goes.
+
+    .venv/bin/python bench/idle.py [--nodes 20] [--settle 30] [--window 20] [--profile]
+        [--json PATH]
+
+The swarm of ``bench/scale.py`` without a version: 2 bootstrap peers, the publisher (a genesis
+trainer that publishes nothing) and ``--nodes`` inference nodes, 10 per process and trio loop
+(``bench/scale_node.py``). After ``--settle`` seconds (discovery backs off, the DHT settles) it
+reads the CPU time of the node processes over ``--window`` seconds: ``idle_cpu_pct_per_node``
+is that over the nodes, in % of one core. With ``--profile`` the first process (10 nodes) runs
+cProfile over the same window and the functions with the most own time and the most
+cumulative time are printed (``profile_top`` in the JSON): what an idle node spends its CPU on.
+Processes are killed and the temp dir removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from scale import Proc, kill_all, log, spawn  # noqa: E402
+
+
+def top(stats_path: Path, key: str, limit: int) -> list[dict[str, Any]]:
+    """The ``limit`` functions with the most ``key`` time ("tottime" or "cumtime")."""
+    stats = pstats.Stats(str(stats_path))
+    rows = []
+    for (file, line, name), (_cc, calls, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append(
+            {
+                "fn": f"{Path(file).name}:{line}({name})",
+                "calls": calls,
+                "tottime": tt,
+                "cumtime": ct,
+            }
+        )
+    rows.sort(key=lambda r: -float(r[key]))
+    return rows[:limit]
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from scale_node import key_for
+
+    from node.run import create_genesis, write_genesis
+
+    base = Path(tempfile.mkdtemp(prefix="swarm-idle-"))
+    procs: list[Proc] = []
+    try:
+        genesis = create_genesis(
+            key_for("owner"),
+            name="bench-scale",
+            trainers=[key_for("pub").peer_id],
+            validators=[key_for("validator").peer_id],
+            created_at=1,
+        )
+        write_genesis(genesis, base / "run.genesis")
+        spec_path = base / "spec.json"
+        spec: dict[str, Any] = {"genesis": str(base / "run.genesis"), "dir": str(base)}
+        spec["boot_addrs"] = []
+        spec_path.write_text(json.dumps(spec))
+        async with trio.open_nursery() as nursery:
+            for i in range(2):
+                boot = await spawn(
+                    nursery, spec_path, f"boot-{i}", "--role", "boot", "--index", str(i)
+                )
+                procs.append(boot)
+                with trio.fail_after(60):
+                    spec["boot_addrs"].append((await boot.wait("up"))[0]["addr"])
+                spec_path.write_text(json.dumps(spec))
+            pub = await spawn(nursery, spec_path, "pub", "--role", "pub")
+            procs.append(pub)
+            with trio.fail_after(60):
+                await pub.wait("up")
+            groups: list[Proc] = []
+            for first in range(0, args.nodes, 10):
+                count = min(10, args.nodes - first)
+                g = await spawn(
+                    nursery, spec_path, f"group-{first}", "--role", "group",
+                    "--index", str(first), "--count", str(count),
+                )  # fmt: skip
+                groups.append(g)
+                procs.append(g)
+            with trio.fail_after(180):
+                for g in groups:
+                    await g.wait("up")
+            log(f"idle: {args.nodes} nodes up; settling {args.settle:.0f} s")
+            await trio.sleep(args.settle)
+            profile_path = Path(args.profile_out) if args.profile_out else base / "idle.prof"
+            before = [p.usage()[1] for p in groups]
+            boot_before = [p.usage()[1] for p in procs[:2]]
+            t0 = time.monotonic()
+            if args.profile:
+                await groups[0].send(cmd="profile", s=args.window, path=str(profile_path))
+            await trio.sleep(args.window)
+            if args.profile:
+                with trio.fail_after(60):
+                    await groups[0].wait("profiled")
+            took = time.monotonic() - t0
+            cpu = [p.usage()[1] - b for p, b in zip(groups, before, strict=True)]
+            boot_cpu = [p.usage()[1] - b for p, b in zip(procs[:2], boot_before, strict=True)]
+            result: dict[str, Any] = {
+                "nodes": args.nodes,
+                "settle_s": args.settle,
+                "window_s": took,
+                "idle_cpu_pct_per_node": 100 * sum(cpu) / took / args.nodes,
+                "bootstrap_cpu_pct": [100 * c / took for c in boot_cpu],
+                "load_average": os.getloadavg(),
+            }
+            if args.profile:
+                result["profile_top"] = {
+                    "tottime": top(profile_path, "tottime", args.top),
+                    "cumtime": top(profile_path, "cumtime", args.top),
+                }
+            nursery.cancel_scope.cancel()
+    finally:
+        kill_all(procs)
+        shutil.rmtree(base, ignore_errors=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=20)
+    parser.add_argument("--settle", type=float, default=30.0)
+    parser.add_argument("--window", type=float, default=20.0)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--profile-out", default=None, help="keep the pstats file here")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    result = trio.run(measure, args)
+    for key in ("tottime", "cumtime"):
+        for row in result.get("profile_top", {}).get(key, []):
+            print(f"{key:8} {row[key]:7.3f} s {row['calls']:8d} calls  {row['fn']}")
+    print(
+        f"idle CPU per node: {result['idle_cpu_pct_per_node']:.2f}% of a core"
+        f" ({args.nodes} nodes, {result['window_s']:.0f} s window);"
+        f" bootstrap peers {', '.join(f'{c:.1f}%' for c in result['bootstrap_cpu_pct'])};"
+        f" load {result['load_average'][0]:.1f}"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
