@@ -31,7 +31,7 @@ import trio
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from scale import Proc, kill_all, log, spawn  # noqa: E402
+from scale import Proc, kill_all, log, start_groups, start_publisher  # noqa: E402
 
 
 def top(stats_path: Path, key: str, limit: int) -> list[dict[str, Any]]:
@@ -69,33 +69,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         write_genesis(genesis, base / "run.genesis")
         spec_path = base / "spec.json"
         spec: dict[str, Any] = {"genesis": str(base / "run.genesis"), "dir": str(base)}
-        spec["boot_addrs"] = []
         spec_path.write_text(json.dumps(spec))
         async with trio.open_nursery() as nursery:
-            for i in range(2):
-                boot = await spawn(
-                    nursery, spec_path, f"boot-{i}", "--role", "boot", "--index", str(i)
-                )
-                procs.append(boot)
-                with trio.fail_after(60):
-                    spec["boot_addrs"].append((await boot.wait("up"))[0]["addr"])
-                spec_path.write_text(json.dumps(spec))
-            pub = await spawn(nursery, spec_path, "pub", "--role", "pub")
-            procs.append(pub)
-            with trio.fail_after(60):
-                await pub.wait("up")
-            groups: list[Proc] = []
-            for first in range(0, args.nodes, 10):
-                count = min(10, args.nodes - first)
-                g = await spawn(
-                    nursery, spec_path, f"group-{first}", "--role", "group",
-                    "--index", str(first), "--count", str(count),
-                )  # fmt: skip
-                groups.append(g)
-                procs.append(g)
-            with trio.fail_after(180):
-                for g in groups:
-                    await g.wait("up")
+            await start_publisher(nursery, spec, spec_path, procs)
+            groups = await start_groups(nursery, spec_path, args.nodes, 10, procs)
             log(f"idle: {args.nodes} nodes up; settling {args.settle:.0f} s")
             await trio.sleep(args.settle)
             profile_path = Path(args.profile_out) if args.profile_out else base / "idle.prof"

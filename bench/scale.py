@@ -154,6 +154,52 @@ async def spawn(nursery: trio.Nursery, spec: Path, name: str, *args: str) -> Pro
     return child
 
 
+async def start_publisher(
+    nursery: trio.Nursery, spec: dict[str, Any], spec_path: Path, procs: list[Proc]
+) -> tuple[Proc, dict[str, Any]]:
+    """Two bootstrap peers (the second dials the first; their addresses go into the spec),
+    then the publisher; returns it and its ``up`` event."""
+    spec["boot_addrs"] = []
+    for i in range(2):
+        boot = await spawn(nursery, spec_path, f"boot-{i}", "--role", "boot", "--index", str(i))
+        procs.append(boot)
+        with trio.fail_after(60):
+            spec["boot_addrs"].append((await boot.wait("up"))[0]["addr"])
+        spec_path.write_text(json.dumps(spec))
+    pub = await spawn(nursery, spec_path, "pub", "--role", "pub")
+    procs.append(pub)
+    with trio.fail_after(60):
+        return pub, (await pub.wait("up"))[0]
+
+
+async def start_groups(
+    nursery: trio.Nursery,
+    spec_path: Path,
+    n: int,
+    per_process: int,
+    procs: list[Proc],
+    stagger_s: float = 0.0,
+    timeout_s: float = 180.0,
+) -> list[Proc]:
+    """``n`` nodes, ``per_process`` to a process, ``stagger_s`` apart (contributors do not all
+    join in one second); returns once every process says it is up."""
+    groups: list[Proc] = []
+    per = max(1, per_process)
+    for first in range(0, n, per):
+        count = min(per, n - first)
+        g = await spawn(
+            nursery, spec_path, f"group-{first}", "--role", "group",
+            "--index", str(first), "--count", str(count),
+        )  # fmt: skip
+        groups.append(g)
+        procs.append(g)
+        await trio.sleep(stagger_s)
+    with trio.fail_after(timeout_s):
+        for g in groups:
+            await g.wait("up")
+    return groups
+
+
 def kill_all(procs: list[Proc]) -> None:
     for p in procs:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -188,20 +234,7 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
             make_version(base / f"v{v}.safetensors", size)
         version_bytes = (base / "v2.safetensors").stat().st_size
         async with trio.open_nursery() as nursery:
-            # Bootstrap peers: the second dials the first.
-            spec["boot_addrs"] = []
-            for i in range(2):
-                boot = await spawn(
-                    nursery, spec_path, f"boot-{i}", "--role", "boot", "--index", str(i)
-                )
-                procs.append(boot)
-                with trio.fail_after(60):
-                    spec["boot_addrs"].append((await boot.wait("up"))[0]["addr"])
-                spec_path.write_text(json.dumps(spec))
-            pub = await spawn(nursery, spec_path, "pub", "--role", "pub")
-            procs.append(pub)
-            with trio.fail_after(60):
-                pub_up = (await pub.wait("up"))[0]
+            pub, pub_up = await start_publisher(nursery, spec, spec_path, procs)
             pub_peer = pub_up["peer"]
             # One transfer between two nodes, nothing else running: the publisher and a
             # probe node of its own process (stopped before the N nodes start).
@@ -221,27 +254,9 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
                     log(f"N={n}: single transfer retried: {e['why'][:150]} {e['causes']}")
                 kill_all([probe])
             log(f"N={n}: single transfer {single['s']:.2f} s; starting {n} nodes")
-            groups: list[Proc] = []
-            per = max(1, args.per_process)
-            for first in range(0, n, per):
-                count = min(per, n - first)
-                g = await spawn(
-                    nursery,
-                    spec_path,
-                    f"group-{first}",
-                    "--role",
-                    "group",
-                    "--index",
-                    str(first),
-                    "--count",
-                    str(count),
-                )
-                groups.append(g)
-                procs.append(g)
-                await trio.sleep(args.stagger)  # contributors do not all join in one second
-            with trio.fail_after(args.start_timeout):
-                for g in groups:
-                    await g.wait("up")
+            groups = await start_groups(
+                nursery, spec_path, n, args.per_process, procs, args.stagger, args.start_timeout
+            )
             log(f"N={n}: {n} nodes up in {time.monotonic() - began:.1f} s; settling")
             await trio.sleep(args.settle)
             before = [p.usage()[1] for p in groups]
@@ -316,7 +331,7 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
         version_bytes=version_bytes,
     )
     run.update(
-        nodes_per_process=per,
+        nodes_per_process=max(1, args.per_process),
         processes=len(groups),
         rss_mib_per_node=sum(u[0] for u in usage) / n,
         rss_mib_per_process_max=max(u[0] for u in usage),
