@@ -35,7 +35,7 @@ from swarm.errors import PeerError
 from swarm.messages import RunGenesis, Signed, run_id_of
 from swarm.net import policy_topic
 from swarm.net.host import check_peer_id
-from swarm.shardcast import FetchConfig, FetchProgress, ShardStore, publish
+from swarm.shardcast import FetchConfig, FetchProgress, ShardStore, inline_manifest, publish
 from swarm.shardcast.datachannel import DataChannelConfig
 
 shardcast_app = typer.Typer(
@@ -135,7 +135,7 @@ def publish_cmd(
             with trio.move_on_after(10):
                 while not node.overlay.mesh_peers(topic):
                     await trio.sleep(0.1)
-            await node.announce_policy(version, signed.id)
+            await node.announce_policy(version, signed.id, inline_manifest(signed))
             err_console.print(
                 f"announced version {version}; serving it (data channel port"
                 f" {service.channel.port if service.channel else '-'}). Ctrl-C stops.",

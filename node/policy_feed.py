@@ -33,7 +33,13 @@ from swarm.errors import PeerError, SwarmError, ValidationError
 from swarm.messages import PolicyAnnouncement, ShardManifest, Signed
 from swarm.net import StreamLimits
 from swarm.net.names import POLICY
-from swarm.shardcast import FetchConfig, ShardStore, publish
+from swarm.shardcast import (
+    FetchConfig,
+    ShardStore,
+    announced_manifest,
+    inline_manifest,
+    publish,
+)
 from swarm.shardcast.datachannel import DataChannelConfig
 from swarm.shardcast.fetch import ProgressCallback
 
@@ -167,7 +173,7 @@ class PolicyFeed:
                 # restarted trainer got here: announcing it again would be refused as stale.
                 log.info("policy v%d is known to the swarm already; serving it", version)
             else:
-                await node.announce_policy(version, manifest.id)
+                await node.announce_policy(version, manifest.id, inline_manifest(manifest))
             return manifest
         self._discard_own_partial(version)
         manifest = await trio.to_thread.run_sync(
@@ -182,7 +188,7 @@ class PolicyFeed:
         if version == 0:
             await self._check_v0(self.store.directory(0) / "data")
         await self._service().advertise(version)
-        await node.announce_policy(version, manifest.id)
+        await node.announce_policy(version, manifest.id, inline_manifest(manifest))
         return manifest
 
     def discard_own(self, version: int) -> None:
@@ -210,7 +216,12 @@ class PolicyFeed:
             raise ValidationError(
                 "policy v0 of this announcement was refused before (not the run's model weights)"
             )
-        local = await self.fetch_version(version)
+        try:
+            carried = announced_manifest(announcement, self.node.config.genesis)
+        except SwarmError as exc:  # signed by its trainer, yet unusable: ask the peers
+            log.warning("the manifest carried by the v%d announcement: %s", version, exc)
+            carried = None
+        local = await self.fetch_version(version, manifest=carried)
         if self.store.manifest(version).id != announcement.message.manifest_id:
             raise ValidationError(
                 f"the trainer signed two manifests for v{version}; the held one is not the"
@@ -219,15 +230,18 @@ class PolicyFeed:
         return local
 
     async def fetch_version(
-        self, version: int, on_progress: ProgressCallback | None = None
+        self,
+        version: int,
+        on_progress: ProgressCallback | None = None,
+        manifest: Signed[ShardManifest] | None = None,
     ) -> Path:
         """The local file of ``version``, fetched from its providers when missing (version 0
-        checked against the model card)."""
+        checked against the model card); ``manifest``: its verified manifest if known."""
         async with self._locks.setdefault(version, trio.Lock()):
             local = self.path_of(version)
             if local is None:
                 result = await self._service().fetch(
-                    version, config=self.fetch_config, on_progress=on_progress
+                    version, config=self.fetch_config, on_progress=on_progress, manifest=manifest
                 )
                 log.info(
                     "policy v%d fetched: %d shards (%d resumed) in %.2f s",

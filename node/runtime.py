@@ -319,8 +319,11 @@ class Node:
     def peers_by_role(self) -> dict[str, list[str]]:
         return self.membership.peers_by_role()
 
-    async def announce_policy(self, version: int, manifest_id: bytes) -> Signed[PolicyAnnouncement]:
-        """Sign and gossip a PolicyAnnouncement (genesis trainers only).
+    async def announce_policy(
+        self, version: int, manifest_id: bytes, manifest: bytes = b""
+    ) -> Signed[PolicyAnnouncement]:
+        """Sign and gossip a PolicyAnnouncement (genesis trainers only); ``manifest``: the
+        signed manifest's bytes to carry with it (``inline_manifest``), or empty.
 
         ``NotAuthorizedError`` for a key that is not a genesis trainer; ``ValidationError``
         (``Refused``) for a version not newer than the newest known.
@@ -328,7 +331,8 @@ class Node:
         if self.peer_id not in self.config.genesis.message.trainers:
             raise NotAuthorizedError(f"{self.peer_id} is not a genesis trainer of this run")
         signed = sign(
-            PolicyAnnouncement(self.run_id, version, manifest_id, wall_clock_ms()), self.key
+            PolicyAnnouncement(self.run_id, version, manifest_id, wall_clock_ms(), manifest),
+            self.key,
         )
         await self.publish_policy(signed)
         return signed

@@ -197,9 +197,12 @@ class ShardcastService:
         config: FetchConfig | None = None,
         on_progress: ProgressCallback | None = None,
         only: Sequence[str] = (),
+        manifest: Signed[ShardManifest] | None = None,
     ) -> FetchResult:
         """Fetch ``version`` (default: the newest any provider holds), then advertise it.
-        ``only``: fetch from these peers and no others (``shardcast fetch --from``)."""
+        ``only``: fetch from these peers and no others (``shardcast fetch --from``);
+        ``manifest``: the version's verified manifest when the caller has it (carried by the
+        announcement), so no provider is asked for it."""
         peers = list(only) or self._sample(await self.providers(version))
         if not peers:
             raise PeerError(
@@ -208,9 +211,10 @@ class ShardcastService:
             )
         source = StreamShardSource(self.node)
         try:
-            manifest: Signed[ShardManifest] = await fetch_manifest(
-                source, peers, self.genesis, version, origins=self.genesis.message.trainers
-            )
+            if manifest is None or manifest.message.version != version:
+                manifest = await fetch_manifest(
+                    source, peers, self.genesis, version, origins=self.genesis.message.trainers
+                )
             if version is None and not only:
                 peers = self._sample(await self.providers(manifest.message.version))
 

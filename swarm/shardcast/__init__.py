@@ -4,7 +4,8 @@
 - ``store``: versions on disk (preallocated data, a crash-safe verified journal, retention);
 - ``peers``: provider choice by measured throughput and success;
 - ``source``: what the scheduler drives (``ShardSource``, ``ShardSink``);
-- ``manifest``: verifying a manifest against the genesis before any shard is fetched;
+- ``manifest``: verifying a manifest against the genesis before any shard is fetched, and
+  carrying a small one in the announcement;
 - ``fetch``: the scheduler that pulls shards from many providers through a ``ShardSource``;
 - ``datachannel``: the zero-copy plain-TCP channel for shard bytes;
 - ``serve``: answering manifest, have and shard requests from the store.
@@ -13,7 +14,12 @@
 from __future__ import annotations
 
 from swarm.shardcast.fetch import FetchConfig, FetchProgress, FetchResult, fetch_version
-from swarm.shardcast.manifest import fetch_manifest, verify_manifest
+from swarm.shardcast.manifest import (
+    announced_manifest,
+    fetch_manifest,
+    inline_manifest,
+    verify_manifest,
+)
 from swarm.shardcast.peers import PeerBoard, PeerStats
 from swarm.shardcast.publish import DEFAULT_SHARD_SIZE, check_safetensors, cut, publish
 from swarm.shardcast.source import ShardNotHeld, ShardSink, ShardSource
@@ -32,10 +38,12 @@ __all__ = [
     "ShardStore",
     "VersionFile",
     "VersionInfo",
+    "announced_manifest",
     "check_safetensors",
     "cut",
     "fetch_manifest",
     "fetch_version",
+    "inline_manifest",
     "publish",
     "verify_manifest",
 ]

@@ -9,7 +9,8 @@ its origins (trainers) are asked first, all at once (a peer that is fetching the
 its manifest from the start), and the origins only when none of them has a valid one within
 ``hedge`` seconds. At an announcement every node wants the manifest at once; asking the trainer
 first made it answer N requests next to its serving, and at N >= 50 loopback nodes many timed
-out (docs/BENCHMARKS.md, Scale).
+out (docs/BENCHMARKS.md, Scale). Better still, a small manifest rides in the announcement itself
+(``inline_manifest``, ``announced_manifest``), and then nobody asks for it at all.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from collections.abc import Sequence
 import trio
 
 from swarm.errors import NotAuthorizedError, PeerError, SwarmError, ValidationError
-from swarm.messages import RunGenesis, ShardManifest, Signed, decode, run_id_of
+from swarm.messages import (
+    PolicyAnnouncement,
+    RunGenesis,
+    ShardManifest,
+    Signed,
+    decode,
+    run_id_of,
+)
+from swarm.messages.membership import INLINE_MANIFEST_MAX
 from swarm.shardcast.source import ShardSource
 
 
@@ -43,6 +52,24 @@ def verify_manifest(
             f"asked for version {version}, the peer sent version {signed.message.version}"
         )
     return signed
+
+
+def inline_manifest(manifest: Signed[ShardManifest]) -> bytes:
+    """What an announcement of ``manifest``'s version carries: the signed manifest when it is
+    at most ``INLINE_MANIFEST_MAX`` bytes, else nothing (receivers ask peers for it)."""
+    return manifest.raw if len(manifest.raw) <= INLINE_MANIFEST_MAX else b""
+
+
+def announced_manifest(
+    announcement: Signed[PolicyAnnouncement], genesis: Signed[RunGenesis]
+) -> Signed[ShardManifest] | None:
+    """The manifest an announcement carries, checked as one fetched from a peer would be
+    (``verify_manifest``; its id is the announced one by construction); ``None`` when it
+    carries none. ``SwarmError`` for one that does not verify."""
+    raw = announcement.message.manifest
+    if not raw:
+        return None
+    return verify_manifest(raw, genesis, announcement.message.version)
 
 
 async def fetch_manifest(

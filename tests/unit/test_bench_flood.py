@@ -40,7 +40,16 @@ def window(
         "newcomer_judge_s": newcomer,
         "rejected_hard": float(extra.get("hard", 0)),
         "refusals": Counter(extra.get("refusals", {})),
-        "worker_wait": Counter({"worker_generate_seconds": 8.0, "worker_submit_seconds": 2.0}),
+        "worker_wait": Counter(
+            {
+                "worker_generate_seconds": 8.0,
+                "worker_submit_seconds": 2.0,
+                "worker_samples": 256.0,
+                "worker_submitted": 2.0,
+                "worker_accepted": 2.0,
+                "worker_dropped_stale": 1.0,
+            }
+        ),
         "flood_sent": Counter(extra.get("sent", {})),
         "flood_outcomes": Counter(extra.get("outcomes", {})),
     }
@@ -75,6 +84,13 @@ def test_windows_of_one_kind_merge_into_sums_and_rates_over_their_time() -> None
     assert run["refusals"] == {"window": 6, "ban": 2}
     assert run["flood_outcomes"] == {"garbage: shed": 6, "garbage: verdict": 1}
     assert (run["worker_generate_s"], run["worker_submit_s"]) == (16.0, 4.0)
+    assert run["worker_work"] == {
+        "samples": 512,
+        "dropped_stale": 2,
+        "submitted": 4,
+        "accepted": 4,
+        "rejected": 0,
+    }
     assert run["disk_growth_mib"] == 2.0 and run["validator_peak_rss_mib"] == 700.0
 
 
