@@ -3,7 +3,8 @@
 Framing, both directions: a 4-byte big-endian length, then that many bytes. A response starts
 with a status byte: 0 = ok (the rest is the answer), 1 = refused (the rest is a UTF-8 reason).
 A server bounds how many requests it serves at once; past that it resets new streams at once
-rather than queueing them, so a peer opening streams in a loop cannot pile up work. The bounds
+(or, with ``StreamLimits.shed_answer``, refuses them unread with that reason) rather than
+queueing them, so a peer opening streams in a loop cannot pile up work. The bounds
 are per peer as well as global (``StreamLimits.per_peer``), so one peer cannot hold every slot;
 and ``StreamLimits.reserved`` more slots open only to peers the server's ``trusted`` predicate
 accepts (a validator trusts workers with accepted work), so a flood of fresh identities that
@@ -46,6 +47,11 @@ class StreamLimits:
     """Requests served at once for one peer (0: only the global ``concurrency`` bounds it)."""
     reserved: int = 0
     """Slots past ``concurrency`` for peers that ``StreamServer.trusted`` accepts."""
+    shed_answer: str = ""
+    """What a stream past the slots is told (a refusal with this reason, unread; the asker
+    then knows it is not at fault) instead of a reset. Empty: reset. A reset reached the
+    asker as "failed to open a stream", a fault, and at N = 100 receivers spent their failure
+    budget for the trainer on its full slots (docs/BENCHMARKS.md, Scale)."""
 
 
 async def _read_exact(stream: Any, n: int) -> bytes:
@@ -152,7 +158,17 @@ class StreamServer:
         limiter = self._admit(peer)
         if limiter is None:
             self.shed += 1
-            await _reset(stream)
+            if not self.limits.shed_answer:
+                await _reset(stream)
+                return
+            with trio.move_on_after(1) as late:  # a moment's work, never a slot's worth
+                try:
+                    await write_frame(stream, bytes([REFUSED]) + self.limits.shed_answer.encode())
+                    await stream.close()
+                except Exception:
+                    await _reset(stream)
+            if late.cancelled_caught:
+                await _reset(stream)
             return
         self._active[peer] = self._active.get(peer, 0) + 1
         try:

@@ -214,6 +214,9 @@ class _Fetch:
                 bits = await self.source.have(peer, self.m.version, known, self.config.have_wait)
             except ShardNotHeld:
                 bits = b""
+            except PeerBusy:  # its request slots are full: no fault, ask again in a moment
+                await trio.sleep(self.config.have_refresh * (1 + self.board.rng.random()))
+                continue
             except SwarmError as exc:
                 self.board.record_failure(peer, str(exc))
                 await trio.sleep(self.config.have_refresh)

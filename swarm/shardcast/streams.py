@@ -59,16 +59,26 @@ from swarm.shardcast.source import (
     ShardSink,
 )
 
+_SHED = f"{BUSY}: every request slot of this protocol is in use; ask again shortly"
 MANIFEST_LIMITS = StreamLimits(
-    max_request=4096, max_response=ShardManifest.MAX_BYTES + 1024, timeout=10.0, concurrency=32
+    max_request=4096,
+    max_response=ShardManifest.MAX_BYTES + 1024,
+    timeout=10.0,
+    concurrency=32,
+    shed_answer=_SHED,
 )
 SHARD_LIMITS = StreamLimits(
-    max_request=4096, max_response=MAX_PIECE + 1024, timeout=30.0, concurrency=64, per_peer=8
+    max_request=4096,
+    max_response=MAX_PIECE + 1024,
+    timeout=30.0,
+    concurrency=64,
+    per_peer=8,
+    shed_answer=_SHED,
 )
 """64 at once: up to ``MAX_WAITING`` of them are waiting ``have`` answers (one per asker that
 fetches from us), the rest are ``get``/``channel`` requests; shard bytes are bounded by the
 upload slots, not by this. With the default 16, 16 waiting answers would shed every other
-request."""
+request. Past them an asker is told ``busy`` (``PeerBusy``: rest, no fault), not reset."""
 _NOT_HELD = "not held"
 _WILDCARDS = ("0.0.0.0", "::", "")
 T = TypeVar("T")

@@ -74,3 +74,30 @@ async def test_per_peer_cap_and_reserved_slots_for_trusted_peers() -> None:
     again = HeldStream("flooder", release)
     await server(again)
     assert again.answered and not again.was_reset
+
+
+class RecordingStream(HeldStream):
+    def __init__(self, peer: str, release: trio.Event) -> None:
+        super().__init__(peer, release)
+        self.written = b""
+
+    async def write(self, data: bytes) -> None:
+        self.answered = True
+        self.written += data
+
+
+async def test_with_a_shed_answer_a_stream_past_the_slots_is_told_busy_not_reset() -> None:
+    """SHARDCAST's protocols: an asker told "busy" rests without blaming the server; a reset
+    was a fault, and at N = 100 receivers dropped the trainer for its full slots."""
+    limits = StreamLimits(concurrency=1, shed_answer="busy: every slot is in use")
+    server = StreamServer("/t/1", echo, limits)
+    release = trio.Event()
+    held, shed = RecordingStream("a", release), RecordingStream("b", release)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server, held)
+        await trio.testing.wait_all_tasks_blocked()
+        await server(shed)  # answered at once, its request unread
+        assert not shed.was_reset and server.shed == 1
+        assert shed.written == struct.pack(">I", 27) + b"\x01busy: every slot is in use"
+        release.set()
+    assert held.written.endswith(b"\x00hi")
