@@ -218,7 +218,7 @@ class _Fetch:
                 await trio.sleep(self.config.have_refresh * (1 + self.board.rng.random()))
                 continue
             except SwarmError as exc:
-                self.board.record_failure(peer, str(exc))
+                self._failed(peer, str(exc))
                 await trio.sleep(self.config.have_refresh)
                 continue
             self.holdings[peer] = bits
@@ -233,6 +233,9 @@ class _Fetch:
         async with trio.open_nursery() as nursery:
             for peer in self.board.usable():
                 nursery.start_soon(self._watch, peer)
+
+    def _failed(self, peer: str, reason: str, *, fatal: bool = False) -> bool:
+        return self.board.record_failure(peer, reason, fatal=fatal, now=trio.current_time())
 
     def _failure_report(self) -> str:
         return (
@@ -364,7 +367,7 @@ class _Fetch:
             if sink.superseded:
                 return False
             if scope.cancelled_caught:
-                self.board.record_failure(
+                self._failed(
                     peer, f"stalled: no byte of shard {index} for {self.config.stall_timeout:g} s"
                 )
                 return False
@@ -388,7 +391,7 @@ class _Fetch:
             n = len(self.m.shard_hashes)
             held = self.holdings.get(peer, b"")
             # It said it held this shard (that is why it was asked): that costs its budget.
-            self.board.record_failure(peer, f"said it holds shard {index}, then refused it")
+            self._failed(peer, f"said it holds shard {index}, then refused it")
             bits = bytearray(b"\x01" * n if held is None else held.ljust(n, b"\0"))
             bits[index] = 0
             self.holdings[peer] = bytes(bits)
@@ -396,17 +399,17 @@ class _Fetch:
         except SwarmError as exc:
             if sink.superseded:
                 return False
-            self.board.record_failure(peer, str(exc))
+            self._failed(peer, str(exc))
             return False
         finally:
             sink.scope = None
         if sink.received != sink.length:
-            self.board.record_failure(
+            self._failed(
                 peer, f"truncated shard {index}: {sink.received} of {sink.length} bytes", fatal=True
             )
             return False
         if sink.digest() != self.m.shard_hashes[index]:
-            self.board.record_failure(peer, f"corrupt shard {index}: sha256 mismatch", fatal=True)
+            self._failed(peer, f"corrupt shard {index}: sha256 mismatch", fatal=True)
             return False
         self.board.record_success(peer, sink.length, trio.current_time() - start)
         if index in self.claimed:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 ORIGIN_WEIGHT = 0.125
 """An origin counts as 8x slower than it measures (three factors of two in ``_next``)."""
+ORIGIN_REST = 1.0
+"""Seconds an origin past its failure budget rests after each further failure (doubling)."""
 DEFAULT_RATE = 50.0 * 1024 * 1024
 """Throughput assumed before anything is measured (bytes/s)."""
 
@@ -116,15 +118,28 @@ class PeerBoard:
         s.busy += 1
         s.busy_until = until
 
-    def record_failure(self, peer: str, reason: str, *, fatal: bool = False) -> bool:
+    def record_failure(
+        self, peer: str, reason: str, *, fatal: bool = False, now: float | None = None
+    ) -> bool:
         """Count a failure; returns ``True`` when the peer is now dropped for the version.
 
         ``fatal`` (a corrupt or truncated shard: the peer served wrong bytes) drops at once.
+        An origin is dropped only for that: past its budget it rests instead (``now`` given:
+        ``ORIGIN_REST`` s, doubling, at most 8x), since without the trainer nobody may hold
+        what is missing. At N = 100 on one machine the trainer's loaded event loop timed out
+        stream openings, every receiver dropped it after 3 of them, and 85 of 100 fetches
+        failed (docs/BENCHMARKS.md, Scale).
         """
         s = self.stats[peer]
         s.failures += 1
         s.success = (1 - self.alpha) * s.success
         s.last_error = reason[:200]
-        if fatal or s.failures >= self.failure_budget:
+        if fatal:
             s.dropped = True
+        elif s.failures >= self.failure_budget:
+            if peer not in self.origins:
+                s.dropped = True
+            elif now is not None:
+                over = s.failures - self.failure_budget
+                s.busy_until = max(s.busy_until, now + ORIGIN_REST * 2 ** min(over, 3))
         return s.dropped

@@ -50,3 +50,18 @@ def test_failures_lower_the_success_average() -> None:
     b.record_failure("fast", "reset")
     assert b.weight("fast") < before
     assert b.stats["fast"].view()["last_error"] == "reset"
+
+
+def test_an_origin_over_its_failure_budget_rests_and_is_kept_unless_it_sends_wrong_bytes() -> None:
+    b = PeerBoard(rng=random.Random(1), failure_budget=3, origins=frozenset({"trainer"}))
+    b.add(["trainer", "peer"])
+    for i in range(3):
+        assert not b.record_failure("trainer", "failed to open a stream", now=100.0 + i)
+        b.record_failure("peer", "failed to open a stream", now=100.0 + i)
+    assert "trainer" in b.usable() and "peer" not in b.usable()
+    assert b.stats["trainer"].busy_until == 102.0 + 1.0  # rests 1 s past its budget
+    for _ in range(5):
+        b.record_failure("trainer", "failed to open a stream", now=200.0)
+    assert b.stats["trainer"].busy_until == 200.0 + 8.0  # doubling, at most 8 s
+    assert b.record_failure("trainer", "corrupt shard 0", fatal=True)
+    assert "trainer" not in b.usable()
