@@ -55,9 +55,13 @@ def key_for(name: str) -> NodeKey:
 
 
 def quiet_logs() -> None:
-    logging.basicConfig(level=logging.CRITICAL)
+    """Critical lines only; ``SCALE_NODE_LOG=LEVEL`` (e.g. ERROR) shows more, on stderr, for
+    finding out why something failed at a large N."""
+    level = getattr(logging, os.environ.get("SCALE_NODE_LOG", "CRITICAL").upper(), None)
+    level = level if isinstance(level, int) else logging.CRITICAL
+    logging.basicConfig(level=level)
     for name in ("libp2p", "multiaddr", "swarm", "node", "bootstrap"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+        logging.getLogger(name).setLevel(level)
 
 
 async def commands() -> Any:
