@@ -216,6 +216,7 @@ class PolicyFeed:
             raise ValidationError(
                 "policy v0 of this announcement was refused before (not the run's model weights)"
             )
+        self._drop_own_losing_cut(announcement)
         try:
             carried = announced_manifest(announcement, self.node.config.genesis)
         except SwarmError as exc:  # signed by its trainer, yet unusable: ask the peers
@@ -228,6 +229,25 @@ class PolicyFeed:
                 " announced one"
             )
         return local
+
+    def _drop_own_losing_cut(self, announcement: Signed[PolicyAnnouncement]) -> None:
+        """Our own cut of the announced version that is not the announced one lost to another
+        trainer's (we were killed, or slower, between cutting and announcing it): remove it,
+        so that we fetch and hold the announced copy like every other node. Kept, it made
+        this trainer hold a second manifest of the version and refuse the announced one
+        (tests/system/test_trainer_group.py, after a kill -9 of the publishing trainer)."""
+        version = announcement.message.version
+        if version not in self.store.versions():
+            return
+        try:
+            held = self.store.manifest(version)
+        except SwarmError:
+            return  # unreadable: the fetch reports it
+        if held.signer == self.node.peer_id and held.id != announcement.message.manifest_id:
+            log.warning(
+                "removing our own cut of policy v%d: the swarm took another trainer's", version
+            )
+            shutil.rmtree(self.store.directory(version), ignore_errors=True)
 
     async def fetch_version(
         self,

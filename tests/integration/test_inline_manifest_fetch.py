@@ -11,6 +11,7 @@ import trio
 
 from node.policy_feed import PolicyFeed
 from swarm.messages import sign
+from swarm.shardcast import publish
 from tests.netfactory import NetFactory
 from tests.shardcast_util import checkpoint
 
@@ -45,4 +46,35 @@ async def test_the_carried_manifest_is_used_and_the_trainer_is_not_asked(tmp_pat
             with trio.fail_after(60):
                 await sink.fetch(bare)
             assert server.manifests_served >= 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_trainers_own_cut_that_lost_is_replaced_by_the_announced_one(
+    tmp_path: Path,
+) -> None:
+    """Two trainers cut the same version; one is announced. The other (killed between its cut
+    and its announcement, in the trainer-group test) drops its own cut and fetches the
+    announced one, so every node holds one manifest per version."""
+    weights = checkpoint(tmp_path / "v.safetensors", size=200_000)
+    async with NetFactory(trainers=2) as net:
+        winner = await net.node("trainer", net.trainer_keys[0], bootstrap=[])
+        loser = await net.node("trainer", net.trainer_keys[1], bootstrap=[])
+        assert await loser.overlay.connect(winner.peer_id, winner.overlay.addrs()) is None
+        source = PolicyFeed(winner, tmp_path / "winner", data_channel=False)
+        sink = PolicyFeed(loser, tmp_path / "loser", data_channel=False)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(source.run)
+            await nursery.start(sink.run)
+            mine = publish(
+                weights,
+                key=loser.key,
+                genesis=loser.config.genesis,
+                version=2,
+                store=sink.store,
+            )  # cut, never announced
+            theirs = await source.publish(2, weights)
+            assert mine.id != theirs.id and winner.policy.newest is not None
+            with trio.fail_after(60):
+                await sink.fetch(winner.policy.newest)
+            assert sink.store.manifest(2).id == theirs.id
             nursery.cancel_scope.cancel()
