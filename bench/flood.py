@@ -93,15 +93,8 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-WORKER_KEYS = (
-    "generate_seconds",
-    "submit_seconds",
-    "samples",
-    "dropped_stale",
-    "submitted",
-    "accepted",
-    "rejected",
-)
+WORKER_COUNTS = ("samples", "dropped_stale", "submitted", "accepted", "rejected")
+WORKER_KEYS = ("generate_seconds", "submit_seconds", *WORKER_COUNTS)
 """The honest workers' ``role_status.worker`` counters a window reports (as differences)."""
 
 
@@ -306,11 +299,7 @@ def _merge(windows: list[dict[str, Any]], flood: bool, nice: int, peak: float) -
         "worker_submit_s": round(total["worker_wait"]["worker_submit_seconds"], 1),
         # Where the honest workers' samples went: generated, dropped before submission as
         # outside the async window, and the submissions judged (accepted or rejected).
-        "worker_work": {
-            key: int(total["worker_wait"][f"worker_{key}"])
-            for key in WORKER_KEYS
-            if not key.endswith("seconds")
-        },
+        "worker_work": {key: int(total["worker_wait"][f"worker_{key}"]) for key in WORKER_COUNTS},
         "rejected_hard": int(total["rejected_hard"]),
         "flood_sent": dict(total["flood_sent"]),
         "flood_outcomes": dict(total["flood_outcomes"]),

@@ -31,7 +31,7 @@ import trio
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from scale import Proc, kill_all, log, start_groups, start_publisher  # noqa: E402
+from scale import Proc, kill_all, log, start_groups, start_publisher, write_spec  # noqa: E402
 
 
 def top(stats_path: Path, key: str, limit: int) -> list[dict[str, Any]]:
@@ -52,24 +52,10 @@ def top(stats_path: Path, key: str, limit: int) -> list[dict[str, Any]]:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from scale_node import key_for
-
-    from node.run import create_genesis, write_genesis
-
     base = Path(tempfile.mkdtemp(prefix="swarm-idle-"))
     procs: list[Proc] = []
     try:
-        genesis = create_genesis(
-            key_for("owner"),
-            name="bench-scale",
-            trainers=[key_for("pub").peer_id],
-            validators=[key_for("validator").peer_id],
-            created_at=1,
-        )
-        write_genesis(genesis, base / "run.genesis")
-        spec_path = base / "spec.json"
-        spec: dict[str, Any] = {"genesis": str(base / "run.genesis"), "dir": str(base)}
-        spec_path.write_text(json.dumps(spec))
+        spec, spec_path = write_spec(base)
         async with trio.open_nursery() as nursery:
             await start_publisher(nursery, spec, spec_path, procs)
             groups = await start_groups(nursery, spec_path, args.nodes, 10, procs)

@@ -206,11 +206,31 @@ def kill_all(procs: list[Proc]) -> None:
             os.killpg(p.proc.pid, signal.SIGKILL)
 
 
-async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One swarm of ``n`` nodes, measured and torn down."""
+def write_spec(base: Path, params: Any = None) -> tuple[dict[str, Any], Path]:
+    """The bench run's genesis (the publisher its trainer; ``params``: ``RunParams`` or the
+    defaults) and the spec every node process reads, written under ``base``."""
     from scale_node import key_for
 
     from node.run import create_genesis, write_genesis
+
+    extra = {} if params is None else {"params": params}
+    genesis = create_genesis(
+        key_for("owner"),
+        name="bench-scale",
+        trainers=[key_for("pub").peer_id],
+        validators=[key_for("validator").peer_id],
+        created_at=1,
+        **extra,
+    )
+    write_genesis(genesis, base / "run.genesis")
+    spec_path = base / "spec.json"
+    spec: dict[str, Any] = {"genesis": str(base / "run.genesis"), "dir": str(base)}
+    spec_path.write_text(json.dumps(spec))
+    return spec, spec_path
+
+
+async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One swarm of ``n`` nodes, measured and torn down."""
     from swarm.messages import RunParams
 
     size, shard = args.size_mib * MIB, args.shard_mib * MIB
@@ -218,18 +238,7 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
     procs: list[Proc] = []
     began = time.monotonic()
     try:
-        genesis = create_genesis(
-            key_for("owner"),
-            name="bench-scale",
-            trainers=[key_for("pub").peer_id],
-            validators=[key_for("validator").peer_id],
-            params=RunParams(shard_size=shard),
-            created_at=1,
-        )
-        write_genesis(genesis, base / "run.genesis")
-        spec_path = base / "spec.json"
-        spec: dict[str, Any] = {"genesis": str(base / "run.genesis"), "dir": str(base)}
-        spec_path.write_text(json.dumps(spec))
+        spec, spec_path = write_spec(base, RunParams(shard_size=shard))
         for v in (1, 2):
             make_version(base / f"v{v}.safetensors", size)
         version_bytes = (base / "v2.safetensors").stat().st_size

@@ -5,15 +5,33 @@ fetches failed, docs/BENCHMARKS.md, Scale); an announcement without one still wo
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
 
 from node.policy_feed import PolicyFeed
+from node.runtime import Node
 from swarm.messages import sign
 from swarm.shardcast import publish
 from tests.netfactory import NetFactory
 from tests.shardcast_util import checkpoint
+
+
+@asynccontextmanager
+async def feeds(
+    tmp_path: Path, source: Node, sink: Node
+) -> AsyncIterator[tuple[PolicyFeed, PolicyFeed]]:
+    """``sink`` connected to ``source``, each with a running ``PolicyFeed`` (streams only)."""
+    assert await sink.overlay.connect(source.peer_id, source.overlay.addrs()) is None
+    a = PolicyFeed(source, tmp_path / "source", data_channel=False)
+    b = PolicyFeed(sink, tmp_path / "sink", data_channel=False)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        await nursery.start(b.run)
+        yield a, b
+        nursery.cancel_scope.cancel()
 
 
 async def test_the_carried_manifest_is_used_and_the_trainer_is_not_asked(tmp_path: Path) -> None:
@@ -21,12 +39,7 @@ async def test_the_carried_manifest_is_used_and_the_trainer_is_not_asked(tmp_pat
     async with NetFactory() as net:
         trainer = await net.node("trainer", bootstrap=[])
         worker = await net.node("inference", bootstrap=[], connect_found_peers=False)
-        assert await worker.overlay.connect(trainer.peer_id, trainer.overlay.addrs()) is None
-        source = PolicyFeed(trainer, tmp_path / "trainer", data_channel=False)
-        sink = PolicyFeed(worker, tmp_path / "worker", data_channel=False)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(source.run)
-            await nursery.start(sink.run)
+        async with feeds(tmp_path, trainer, worker) as (source, sink):
             manifest = await source.publish(2, weights)
             announced = trainer.policy.newest
             assert announced is not None and announced.message.manifest == manifest.raw
@@ -46,7 +59,6 @@ async def test_the_carried_manifest_is_used_and_the_trainer_is_not_asked(tmp_pat
             with trio.fail_after(60):
                 await sink.fetch(bare)
             assert server.manifests_served >= 1
-            nursery.cancel_scope.cancel()
 
 
 async def test_a_trainers_own_cut_that_lost_is_replaced_by_the_announced_one(
@@ -59,12 +71,7 @@ async def test_a_trainers_own_cut_that_lost_is_replaced_by_the_announced_one(
     async with NetFactory(trainers=2) as net:
         winner = await net.node("trainer", net.trainer_keys[0], bootstrap=[])
         loser = await net.node("trainer", net.trainer_keys[1], bootstrap=[])
-        assert await loser.overlay.connect(winner.peer_id, winner.overlay.addrs()) is None
-        source = PolicyFeed(winner, tmp_path / "winner", data_channel=False)
-        sink = PolicyFeed(loser, tmp_path / "loser", data_channel=False)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(source.run)
-            await nursery.start(sink.run)
+        async with feeds(tmp_path, winner, loser) as (source, sink):
             mine = publish(
                 weights,
                 key=loser.key,
@@ -77,4 +84,3 @@ async def test_a_trainers_own_cut_that_lost_is_replaced_by_the_announced_one(
             with trio.fail_after(60):
                 await sink.fetch(winner.policy.newest)
             assert sink.store.manifest(2).id == theirs.id
-            nursery.cancel_scope.cancel()
