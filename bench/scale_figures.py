@@ -79,7 +79,7 @@ def calibration(
 
     ``per_hop_gossip_s`` is derived, not observed: the median announcement time over the
     expected number of hops. The publisher floods its announcement to the ``origin_links``
-    nodes it is connected to (``FloodPublishGossipSub``): one hop for the median node when
+    nodes it is connected to (``SwarmGossipSub``): one hop for the median node when
     that is half of them or more, else one hop and log(N / links) / log(gossip degree) more."""
     n, links = run["nodes"], max(1, int(run.get("publisher_connections") or GOSSIP_DEGREE))
     hops = 1.0 if links >= n / 2 else 1.0 + math.log(n / links) / math.log(GOSSIP_DEGREE)

@@ -94,7 +94,7 @@ class SimParams:
     gossip_degree: int = 6
     origin_links: int | None = None
     """Nodes the origin sends its announcement to directly: with flood publishing
-    (``swarm.net.overlay.FloodPublishGossipSub``) every subscriber it is connected to, up to
+    (``swarm.net.gossipsub.SwarmGossipSub``) every subscriber it is connected to, up to
     ``HostLimits.max_connections`` (256); ``None``: its mesh only (``gossip_degree``; the code
     before flood publishing)."""
     neighbors: int = 8

@@ -42,6 +42,7 @@ from swarm.messages import (
     run_id_of,
 )
 from swarm.net import (
+    KEEP_CONNECTED_S,
     LEDGER_MAX_BYTES,
     POLICY_MAX_BYTES,
     DialPolicy,
@@ -145,6 +146,8 @@ class BootstrapPeer:
                 await overlay.dial(config.peers, config.dial)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(peer._follow_topics, config.heartbeat)
+                if config.peers:
+                    nursery.start_soon(peer._keep_peers)
                 if config.ledger_dir is not None:
                     for run_id, genesis in peer._known.items():
                         store = LedgerStore(config.ledger_dir / run_id / "ledger.db", genesis)
@@ -156,6 +159,13 @@ class BootstrapPeer:
                     nursery.cancel_scope.cancel()
                     for store in peer.ledgers.values():
                         store.close()
+
+    async def _keep_peers(self) -> None:
+        """Redial the other bootstrap peers we are not connected to, every
+        ``KEEP_CONNECTED_S`` (py-libp2p's auto-connector is off: ``swarm.net.host``)."""
+        while True:
+            await trio.sleep(KEEP_CONNECTED_S)
+            await self.overlay.redial(self.config.peers)
 
     def addrs(self) -> list[str]:
         return self.overlay.addrs()

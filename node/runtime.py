@@ -36,6 +36,7 @@ from swarm.errors import ConfigError, NotAuthorizedError, SwarmError
 from swarm.identity import NodeKey
 from swarm.messages import PolicyAnnouncement, Role, RunGenesis, Signed, decode_any, run_id_of, sign
 from swarm.net import (
+    KEEP_CONNECTED_S,
     DialPolicy,
     DirectPath,
     GossipStats,
@@ -216,8 +217,7 @@ class Node:
                 )
         await self.membership.publish()
         nursery.start_soon(self.membership.run)
-        if self.config.connect_found_peers:
-            nursery.start_soon(self._connect_found_peers)
+        nursery.start_soon(self._keep_connected)
 
     def _policy_gate(self, data: bytes) -> bool:
         return self.policy_gate.accept(data) is not None
@@ -272,27 +272,39 @@ class Node:
         if not self.membership.withdrawn:  # a node that gave up its role stays withdrawn
             await self.membership.publish()
 
-    async def _connect_found_peers(self) -> None:
-        """Connect to the run's peers found in the DHT, so the gossip mesh does not depend on
+    async def _keep_connected(self) -> None:
+        """Keep this node in the swarm; py-libp2p's auto-connector, which dialed every known
+        peer, is off (``swarm.net.host.build_host``). On every new peer found, and at least
+        every ``KEEP_CONNECTED_S``: redial the bootstrap peers while connected to none of them
+        (a partition healed, a bootstrap peer restarted), then (``connect_found_peers``)
+        connect to the run's peers found in the DHT, so the gossip mesh does not depend on
         the bootstrap peers alone (bounded: at most MAX_GOSSIP_PEERS connections we start).
         Trainers come first and past that bound: a trainer floods its announcements to every
-        subscriber it is connected to (``FloodPublishGossipSub``), so a node connected to it
-        hears a new version in one hop; a node whose inbound connections had filled the bound
-        before it found the trainer heard it over several busy hops (bench/scale.py)."""
+        subscriber it is connected to (``SwarmGossipSub``), so a node connected to it hears a
+        new version in one hop; a node whose inbound connections had filled the bound before
+        it found the trainer heard it over several busy hops (bench/scale.py)."""
         while True:
-            await self.membership.found.wait()
+            with trio.move_on_after(KEEP_CONNECTED_S):
+                await self.membership.found.wait()
             self.membership.found = trio.Event()
-            connected = set(self.overlay.connected_peers())
-            by_role = self.membership.peers_by_role()
-            for role in sorted(by_role, key=lambda r: r != "trainer"):
-                for peer in by_role[role]:
-                    full = len(connected) >= MAX_GOSSIP_PEERS and role != "trainer"
-                    if peer in connected or full:
-                        continue
-                    # Direct addresses only: a private peer dials out to us anyway, and a
-                    # circuit per pair of peers would use up the relays' circuit limits.
-                    if await self.connect_peer(peer, circuits=False) is None:
-                        connected.add(peer)
+            boots = self.config.bootstrap
+            if boots and not any(self.overlay.connected(p) for p in self._bootstrap_peer_ids()):
+                self.bootstrap_connected = await self.overlay.redial(boots)
+            if self.config.connect_found_peers:
+                await self._connect_found_peers()
+
+    async def _connect_found_peers(self) -> None:
+        connected = set(self.overlay.connected_peers())
+        by_role = self.membership.peers_by_role()
+        for role in sorted(by_role, key=lambda r: r != "trainer"):
+            for peer in by_role[role]:
+                full = len(connected) >= MAX_GOSSIP_PEERS and role != "trainer"
+                if peer in connected or full:
+                    continue
+                # Direct addresses only: a private peer dials out to us anyway, and a
+                # circuit per pair of peers would use up the relays' circuit limits.
+                if await self.connect_peer(peer, circuits=False) is None:
+                    connected.add(peer)
 
     async def connect_peer(self, peer_id: str, *, circuits: bool = True) -> str | None:
         """Connect to a run peer at its advertised addresses, circuits included, unless

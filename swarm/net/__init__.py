@@ -40,12 +40,13 @@ from swarm.net.names import (
     role_provider_key,
     stream_protocol,
 )
-from swarm.net.overlay import Overlay, OverlayConfig
+from swarm.net.overlay import KEEP_CONNECTED_S, Overlay, OverlayConfig
 from swarm.net.paths import DirectPath, same_ip
 from swarm.net.records import RoleAdvertValidator, check_advert
 from swarm.net.streams import StreamLimits, StreamServer, request, serve
 
 __all__ = [
+    "KEEP_CONNECTED_S",
     "LEDGER_MAX_BYTES",
     "POLICY_MAX_BYTES",
     "REASONS",

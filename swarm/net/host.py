@@ -102,7 +102,20 @@ def build_host(key: NodeKey, listen: Sequence[str], limits: HostLimits | None = 
     network = host.get_network()
     if hasattr(network, "retry_config"):
         network.retry_config = RetryConfig(max_retries=0)
+    # py-libp2p's auto-connector dials every peer its peerstore knows until the host holds
+    # (low + high watermark) / 2 = 200 connections, every 10 s while under 50: every node ended
+    # up connected to nearly every other (69 connections a node at N = 100, where our runtime
+    # dials 32), each with its identify, GossipSub and DHT streams, which saturated 2 cores
+    # with nothing to broadcast (docs/BENCHMARKS.md, Scale). Whom a node connects to is the
+    # runtime's choice (``node.runtime.Node._keep_connected``; the bootstrap peers' own loop).
+    connector = getattr(network, "auto_connector", None)
+    if connector is not None:
+        connector.maybe_connect = _no_auto_connect
     return host
+
+
+async def _no_auto_connect() -> None:
+    """Stands in for py-libp2p's ``AutoConnector.maybe_connect`` (see ``build_host``)."""
 
 
 def listen_addrs(listen: Sequence[str]) -> list[Any]:

@@ -7,7 +7,7 @@ or runs beyond the names and validators it is given: ``node.runtime`` builds on 
 py-libp2p choices made here, each for a reason:
 - GossipSub v1.1 with a heartbeat of about 1 s and adaptive gossip off (it would stretch the
   heartbeat to 30-60 s when the mesh looks unhealthy), StrictSign on, and flood publishing on
-  the topics given to ``flood_publish`` (``FloodPublishGossipSub``: our own messages go to
+  the topics given to ``flood_publish`` (``swarm.net.gossipsub``: our own messages go to
   every subscribed peer we are connected to, not only our mesh, as GossipSub v1.1 specifies);
 - the DHT in server mode when reachable, with ``RoleAdvertValidator`` on the ``swarm-node``
   namespace and strict validation (records in namespaces nobody validates are refused);
@@ -37,7 +37,7 @@ from libp2p.host.ping import PingService
 from libp2p.kad_dht.common import PROTOCOL_ID as KAD_PROTOCOL
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.peer.id import ID
-from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.records.pubkey import PublicKeyValidator
 from libp2p.records.validator import NamespacedValidator
@@ -47,6 +47,7 @@ from swarm.errors import NetworkError, SwarmError
 from swarm.identity import NodeKey
 from swarm.messages import RoleAdvert, Signed
 from swarm.net.dial import DialPolicy, DialReport, dial_bootstrap, dial_once
+from swarm.net.gossipsub import SwarmGossipSub
 from swarm.net.host import (
     HostLimits,
     build_host,
@@ -68,6 +69,8 @@ _QUERY_TIMEOUT_S = 5.0
 EQUIVOCATION_KEEP = 4096
 """Forwarded messages GossipSub remembers for its equivocation check (see trim_gossip_state)."""
 _ASK_CLOSEST = 4
+KEEP_CONNECTED_S = 10.0
+"""How often nodes and bootstrap peers check the connections they keep (``Overlay.redial``)."""
 
 Gate = Callable[[bytes], bool]
 """A topic gate: ``True`` accepts (deliver and forward) the message data, ``False`` drops it."""
@@ -115,46 +118,6 @@ async def _reset_stream(stream: Any) -> None:
         await stream.reset()
 
 
-class FloodPublishGossipSub(GossipSub):
-    """GossipSub with v1.1 flood publishing, which py-libp2p 0.8.1 lacks.
-
-    A message we originate goes to every peer subscribed to its topic that we are connected
-    to (score gates still apply), not only to our mesh of ``degree`` peers; messages we forward
-    go to the mesh as before. For a trainer, whom every node of a run dials, an announcement
-    then reaches most nodes in one hop instead of log(N) / log(degree) hops, each of which
-    waits for the CPU of a busy node (docs/BENCHMARKS.md, Scale: 33 s to 95% of 100 nodes
-    before). The cost is one copy of a small message per connected subscriber, paid only by
-    the node that publishes, and only for what it publishes itself. A receiver validates
-    and forwards it as any gossip message (duplicates stop at its seen cache), so the
-    signed-announcement checks are the same.
-
-    Only on ``flood_topics`` (the policy topic: a few small messages per version): a validator
-    flooding every verdict to its hundreds of connections would pay for it on every judgement,
-    where go-libp2p floods every topic.
-    """
-
-    flood_topics: frozenset[str] = frozenset()
-
-    def _get_peers_to_send(
-        self, topic_ids: Any, msg_forwarder: ID, origin: ID, msg_id: bytes | None = None
-    ) -> Any:
-        peers = set(super()._get_peers_to_send(topic_ids, msg_forwarder, origin, msg_id))
-        pubsub = self.pubsub
-        if pubsub is None or origin != pubsub.my_id or msg_forwarder != pubsub.my_id:
-            return peers
-        scorer = self.scorer
-        for topic in topic_ids:
-            if topic not in self.flood_topics:
-                continue
-            for peer in pubsub.peer_topics.get(topic, ()):
-                if peer == origin or self.peer_protocol.get(peer) is None:
-                    continue
-                if scorer is not None and scorer.is_graylisted(peer, [topic]):
-                    continue
-                peers.add(peer)
-        return peers
-
-
 class Overlay:
     """A started libp2p host with DHT and gossip (use ``Overlay.start``)."""
 
@@ -174,12 +137,12 @@ class Overlay:
             strict_validation=True,
         )
         d, lo, hi = config.gossip_degree
-        self.gossipsub: Any = FloodPublishGossipSub(
+        self.gossipsub: Any = SwarmGossipSub(
             [PROTOCOL_ID_V11, PROTOCOL_ID],
             degree=d,
             degree_low=lo,
             degree_high=hi,
-            heartbeat_interval=config.heartbeat,  # type: ignore[arg-type]
+            heartbeat_interval=config.heartbeat,
             heartbeat_initial_delay=min(0.1, config.heartbeat),
             adaptive_gossip_enabled=False,
             eclipse_protection_enabled=False,
@@ -368,6 +331,25 @@ class Overlay:
             await self.dht.refresh_routing_table()
         return report
 
+    async def redial(self, addrs: Sequence[str], timeout: float = 5.0) -> list[str]:
+        """Dial, once each, those of ``addrs`` (``.../p2p/<peer>``) whose peer we are not
+        connected to; returns the addresses of the peers we are connected to now. With
+        py-libp2p's auto-connector off (``build_host``) this is how a node gets its bootstrap
+        peers back after a partition heals or one restarts."""
+        ok: list[str] = []
+        for addr in addrs:
+            peer = addr.rsplit("/p2p/", 1)[-1]
+            if not self.connected(peer):
+                try:
+                    if await dial_once(self.host, addr, timeout) is not None:
+                        continue
+                    await self.dht.add_peer(ID.from_base58(peer), skip_server_mode_check=True)
+                except Exception as exc:  # a bad address or a failed dial: the next round
+                    log.debug("redial %s: %s", addr, exc)
+                    continue
+            ok.append(addr)
+        return ok
+
     def connected(self, peer_id: str) -> bool:
         try:
             return bool(self.host.get_network().connections.get(check_peer_id(peer_id)))
@@ -416,14 +398,14 @@ class Overlay:
         """The peer's newest valid RoleAdvert, checked again here (py-libp2p returns a locally
         stored record without validating it)."""
         key = advert_key(run_id, peer_id)
-        if self.connected(peer_id):
+        if self.connected(peer_id) and self._serves_dht(peer_id):
             # The advert is signed by the peer it describes, so that peer is as good a source
             # as any: one request to it, where py-libp2p's ``get_value`` asks the closest peers
             # it finds and stores the record back at those that lack it (about 40 DHT requests
             # an advert; at N = 50 that was most of an idle node's CPU, docs/BENCHMARKS.md).
-            direct = await self._advert_from(peer_id, key)
-            if direct is not None:
-                return direct
+            # No walk when it does not answer: on a busy machine the direct ask timed out and
+            # the walk that followed made the machine busier still (N = 100).
+            return await self._advert_from(peer_id, key)
         try:
             raw = await self.dht.get_value(key)
         except Exception as exc:
@@ -436,6 +418,15 @@ class Overlay:
         except SwarmError:
             return None
 
+    def _serves_dht(self, peer_id: str) -> bool:
+        """The peer said (identify) it answers DHT requests: a private node, in client mode,
+        does not, and its advert is found by the walk only."""
+        try:
+            protocols = self.host.get_peerstore().get_protocols(ID.from_base58(peer_id))
+        except Exception:  # not identified yet, or no such peer
+            return False
+        return str(KAD_PROTOCOL) in {str(p) for p in protocols}
+
     async def _advert_from(self, peer_id: str, key: str) -> Signed[RoleAdvert] | None:
         """The advert ``peer_id`` holds in its own DHT store for ``key``, checked; ``None``
         when it does not answer within 2 s or holds none that is valid."""
@@ -446,7 +437,7 @@ class Overlay:
                 )
                 if isinstance(raw, bytes):
                     return check_advert(raw, key=key, now_ms=self.config.clock())
-            except Exception as exc:  # any failure: the DHT walk below still may find it
+            except Exception as exc:  # any failure: the next discovery round asks again
                 log.debug("advert of %s from itself: %s", peer_id, exc)
         return None
 
@@ -513,7 +504,7 @@ class Overlay:
 
     def flood_publish(self, topic: str) -> None:
         """Send what we publish on ``topic`` to every subscriber we are connected to, not only
-        to our mesh (``FloodPublishGossipSub``)."""
+        to our mesh (``SwarmGossipSub``)."""
         self.gossipsub.flood_topics = self.gossipsub.flood_topics | {topic}
 
     def set_gate(self, topic: str, gate: Gate) -> None:

@@ -1,0 +1,112 @@
+"""Which adverts discovery looks up (``Membership.discover``): a connected provider is always
+asked (one request to it); an unconnected one costs a DHT walk, so it is skipped once we know
+``ENOUGH_PEERS`` of its role, and for ``MISS_RETRY_S`` after a walk that found nothing. At
+N = 100 repeated walks for unconnected providers were most of an idle swarm's DHT traffic."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import trio
+import trio.testing
+
+from swarm.identity import NodeKey
+from swarm.messages import RoleAdvert, Signed, sign
+from swarm.net.membership import ENOUGH_PEERS, MISS_RETRY_S, Membership
+from swarm.net.names import role_provider_key
+
+RUN = "ab" * 16
+NOW_MS = 1_700_000_000_000
+
+
+def advert(key: NodeKey, role: str = "inference") -> Signed[RoleAdvert]:
+    return sign(
+        RoleAdvert(
+            run_id=RUN,
+            peer_id=key.peer_id,
+            role=role,  # type: ignore[arg-type]
+            software="swarm-node",
+            addrs=(f"/ip4/127.0.0.1/tcp/4001/p2p/{key.peer_id}",),
+            issued_at=NOW_MS,
+            expires_at=NOW_MS + 3_600_000,
+            capabilities={},
+        ),
+        key,
+    )
+
+
+@dataclass
+class FakeOverlay:
+    """Providers of the inference role, which of them we are connected to, which adverts the
+    DHT holds; every advert lookup recorded."""
+
+    providers: list[str]
+    connected_to: set[str]
+    adverts: dict[str, Signed[RoleAdvert]]
+    asked: list[str] = field(default_factory=list)
+    config: Any = field(default_factory=lambda: SimpleNamespace(clock=lambda: NOW_MS))
+
+    async def find_providers(self, key: str) -> list[str]:
+        return self.providers if key == role_provider_key(RUN, "inference") else []
+
+    def connected(self, peer: str) -> bool:
+        return peer in self.connected_to
+
+    async def get_advert(self, run_id: str, peer: str) -> Signed[RoleAdvert] | None:
+        self.asked.append(peer)
+        return self.adverts.get(peer)
+
+
+def membership(overlay: FakeOverlay) -> Membership:
+    me = NodeKey.generate()
+    return Membership(overlay, me, RUN, "inference", trainers=(), validators=())  # type: ignore[arg-type]
+
+
+def test_unconnected_providers_are_not_walked_for_once_enough_are_known() -> None:
+    keys = [NodeKey.generate() for _ in range(ENOUGH_PEERS + 10)]
+    ids = [k.peer_id for k in keys]
+    connected = set(ids[ENOUGH_PEERS:])  # the last 10 are connected
+    overlay = FakeOverlay(ids, connected, {k.peer_id: advert(k) for k in keys})
+    m = membership(overlay)
+    # We know ENOUGH_PEERS, from earlier rounds, but none of them fresh: all are due again.
+    m._peers = {k.peer_id: advert(k) for k in keys[:ENOUGH_PEERS]}
+    m._fresh = lambda peer: False  # type: ignore[method-assign]
+    trio.run(m.discover)
+    assert sorted(overlay.asked) == sorted(connected)  # no walk for an unconnected provider
+    assert len(m.peers_by_role()["inference"]) == ENOUGH_PEERS + 10
+
+
+def test_below_enough_every_provider_is_looked_up() -> None:
+    keys = [NodeKey.generate() for _ in range(5)]
+    overlay = FakeOverlay([k.peer_id for k in keys], set(), {k.peer_id: advert(k) for k in keys})
+    m = membership(overlay)
+    trio.run(m.discover)
+    assert sorted(overlay.asked) == sorted(k.peer_id for k in keys)
+    assert len(m.peers_by_role()["inference"]) == 5
+
+
+def test_a_provider_whose_advert_was_not_found_is_retried_only_after_a_while() -> None:
+    lost, found = NodeKey.generate(), NodeKey.generate()
+    overlay = FakeOverlay([lost.peer_id, found.peer_id], set(), {found.peer_id: advert(found)})
+    m = membership(overlay)
+    clock = trio.testing.MockClock()
+
+    async def rounds() -> None:
+        await m.discover()
+        assert overlay.asked == [lost.peer_id, found.peer_id]
+        clock.jump(MISS_RETRY_S / 2)
+        await m.discover()  # ``found`` is fresh now, ``lost`` missed a moment ago
+        assert overlay.asked == [lost.peer_id, found.peer_id]
+        overlay.connected_to.add(lost.peer_id)
+        await m.discover()  # connected: asked directly whatever the last walk found
+        assert overlay.asked == [lost.peer_id, found.peer_id, lost.peer_id]
+        overlay.connected_to.clear()
+        clock.jump(MISS_RETRY_S + 1)
+        await m.discover()
+        assert overlay.asked == [lost.peer_id, found.peer_id, lost.peer_id, lost.peer_id]
+
+    trio.run(rounds, clock=clock)
+    assert math.isfinite(MISS_RETRY_S)
