@@ -16,7 +16,9 @@ Once every node has found the publisher and the swarm has settled, it measures:
 - ``origin_share``: bytes the publisher served over bytes every holder served;
 - ``lookup_p50_s``: uncached role lookups (providers, then adverts) by a sample of nodes;
 - ``rss_mib_per_node``, ``cpu_s_per_node`` (whole run), ``idle_cpu_pct_per_node`` (5 s before the
-  publish), ``connections_per_node`` (libp2p connections, mean; ``_max`` too);
+  publish), ``connections_per_node`` (libp2p connections, mean; ``_max`` too), ``reach`` (how
+  many nodes took themselves for public, private or unknown: a node that thinks it is private
+  reserves relay slots and leaves the DHT's server mode);
 - SHARDCAST's own counts: ``origin_manifests`` (manifests the publisher served),
   ``origin_busy_refusals`` / ``origin_elsewhere_refusals`` (upload slots full / super-seeding),
   ``stream_shards`` / ``channel_shards`` (the path the receivers' shards took), ``fetch_retries``;
@@ -41,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -352,6 +355,7 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
         origin_share_received=from_origin
         / max(1, sum(sum(e["from"].values()) for e in fetched_ev)),
         mesh_per_node=statistics.fmean(s["mesh"] for s in node_stats) if node_stats else 0,
+        reach=dict(Counter(s.get("reach", "?") for s in node_stats)),
         fetch_failures=failures[:5],
         fetch_retries=len(failures),
         origin_manifests=stats["pub"][0]["manifests_served"],

@@ -85,6 +85,7 @@ def feed_stats(node: Node, feed: PolicyFeed) -> dict[str, Any]:
         "peer": node.peer_id,
         "connections": len(node.overlay.connected_peers()),
         "mesh": len(node.overlay.mesh_peers(f"swarm-node/{node.run_id}/policy")),
+        "reach": node.overlay.reach.status,
         "served_bytes": server.served_bytes if server else 0,
         "served_shards": server.served_shards if server else 0,
         "channel_connections": channel.connections if channel else 0,

@@ -109,6 +109,10 @@ async def _probe_tcp(target: tuple[str, int], timeout: float) -> str | None:
     return None
 
 
+SLOW_HANDSHAKE = "in the libp2p handshake"
+"""How ``dial_once``'s reason ends when TCP connected but the libp2p handshake timed out."""
+
+
 async def dial_once(host: Any, addr: str, timeout: float) -> str | None:
     """One attempt at ``addr``: ``None`` when connected, else a short reason."""
     info = parse_peer_addr(addr)
@@ -124,7 +128,7 @@ async def dial_once(host: Any, addr: str, timeout: float) -> str | None:
         with trio.fail_after(timeout):
             await host.connect(info)
     except trio.TooSlowError:
-        return f"timeout after {timeout:g} s in the libp2p handshake"
+        return f"timeout after {timeout:g} s {SLOW_HANDSHAKE}"
     except Exception as exc:
         text = _chain_text(exc)
         if "PeerIDMismatch" in text or "mismatch" in text.lower():

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from node.doctor import reachability_advice
+from swarm.net.dial import SLOW_HANDSHAKE
 from swarm.net.reach import DialbackResult, tcp_ports, verdict
 from swarm.shardcast.protocol import ShardRequest
 from swarm.shardcast.streams import RelayBudgetSpent, StreamShardSource
@@ -36,6 +37,17 @@ def test_verdict_public_private_unknown_each_say_why() -> None:
     assert "announce address /ip4/198.51.100.1/tcp/4001 is not the address" in private.reason
     unknown = verdict([], ["s: refused /swarm-node/dialback/1"])
     assert unknown.status == "unknown" and "no dial-back answer" in unknown.reason
+
+
+def test_a_dial_back_that_connected_but_timed_out_in_the_handshake_is_not_private() -> None:
+    """TCP reached us, so no NAT is in the way: a busy machine, not a private node (at
+    N = 100 on 2 cores such nodes reserved relay slots and left the DHT's server mode)."""
+    addr = "/ip4/203.0.113.7/tcp/4001/p2p/x"
+    slow = DialbackResult("s", "203.0.113.7", {addr: f"timeout after 5 s {SLOW_HANDSHAKE}"})
+    unknown = verdict([slow], [])
+    assert unknown.status == "unknown" and "handshake timed out" in unknown.reason
+    dropped = DialbackResult("s", "203.0.113.7", {addr: "timeout after 5 s"})  # a NAT's silence
+    assert verdict([dropped], []).status == "private"
 
 
 def test_doctor_says_forward_the_port_behind_a_nat() -> None:
