@@ -166,9 +166,11 @@ class Membership:
         A provider we are connected to is asked for its advert directly (one request). One we
         are not connected to costs a DHT walk (about 40 requests), so it is skipped when we
         already know ``ENOUGH_PEERS`` of its role or its last walk found nothing less than
-        ``MISS_RETRY_S`` ago: at N = 100, walks for the same unconnected providers, round
-        after round, were most of an idle swarm's DHT traffic (1,675 of 2,782 DHT streams in
-        20 s, ``bench/idle.py --nodes 100``)."""
+        ``MISS_RETRY_S`` ago. At N = 100, walks for the same unconnected providers, round after
+        round, were most of an idle swarm's DHT traffic (1,675 of 2,782 DHT streams in 20 s,
+        ``bench/idle.py --nodes 100``). Trainers and validators are few and each is needed (a
+        trainer that skipped another for a minute would publish as if alone): they are looked
+        up every round until found."""
         now = trio.current_time()
         self._missed = {p: t for p, t in self._missed.items() if now - t < MISS_RETRY_S}
         for role in RUN_ROLES:
@@ -176,7 +178,8 @@ class Membership:
             for peer in await self.overlay.find_providers(role_provider_key(self.run_id, role)):
                 if peer == self.key.peer_id or self._fresh(peer):
                     continue
-                if not self.overlay.connected(peer) and (enough or peer in self._missed):
+                missed = peer in self._missed and role not in GENESIS_ROLES
+                if not self.overlay.connected(peer) and (enough or missed):
                     continue
                 signed = await self.overlay.get_advert(self.run_id, peer)
                 if signed is None:
@@ -307,6 +310,8 @@ them) is served. While 100 nodes joined, each newcomer set every node back to th
 (a discovery round every 3 s each, for as long as nodes kept joining)."""
 
 
+GENESIS_ROLES = ("trainer", "validator")
+"""Roles the genesis names: few peers, each of them needed (see ``discover``)."""
 MISS_RETRY_S = 60.0
 """A provider whose advert was not found is looked up again after this long at the earliest
 (sooner once we are connected to it: then it is asked directly)."""

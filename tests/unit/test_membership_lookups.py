@@ -46,10 +46,13 @@ class FakeOverlay:
     providers: list[str]
     connected_to: set[str]
     adverts: dict[str, Signed[RoleAdvert]]
+    trainers: list[str] = field(default_factory=list)
     asked: list[str] = field(default_factory=list)
     config: Any = field(default_factory=lambda: SimpleNamespace(clock=lambda: NOW_MS))
 
     async def find_providers(self, key: str) -> list[str]:
+        if key == role_provider_key(RUN, "trainer"):
+            return self.trainers
         return self.providers if key == role_provider_key(RUN, "inference") else []
 
     def connected(self, peer: str) -> bool:
@@ -62,7 +65,14 @@ class FakeOverlay:
 
 def membership(overlay: FakeOverlay) -> Membership:
     me = NodeKey.generate()
-    return Membership(overlay, me, RUN, "inference", trainers=(), validators=())  # type: ignore[arg-type]
+    return Membership(
+        overlay,  # type: ignore[arg-type]
+        me,
+        RUN,
+        "inference",
+        trainers=overlay.trainers,
+        validators=(),
+    )
 
 
 def test_unconnected_providers_are_not_walked_for_once_enough_are_known() -> None:
@@ -110,3 +120,19 @@ def test_a_provider_whose_advert_was_not_found_is_retried_only_after_a_while() -
 
     trio.run(rounds, clock=clock)
     assert math.isfinite(MISS_RETRY_S)
+
+
+def test_a_trainer_whose_advert_was_not_found_is_looked_up_every_round() -> None:
+    trainer = NodeKey.generate()
+    overlay = FakeOverlay([], set(), {}, trainers=[trainer.peer_id])
+    m = membership(overlay)
+
+    async def rounds() -> None:
+        await m.discover()
+        await m.discover()  # missed a moment ago, looked up again all the same
+        assert overlay.asked == [trainer.peer_id, trainer.peer_id]
+        overlay.adverts[trainer.peer_id] = advert(trainer, "trainer")
+        await m.discover()
+        assert m.peers_by_role()["trainer"] == [trainer.peer_id]
+
+    trio.run(rounds)
