@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 
 MAX_PORTS = 4
 DIALBACK_TIMEOUT_S = 5.0
-
 MIN_INTERVAL_S = 10.0
 LIMITS = StreamLimits(max_request=1024, max_response=4096, timeout=4 * DIALBACK_TIMEOUT_S + 2)
 
