@@ -165,12 +165,15 @@ class Membership:
 
         A provider we are connected to is asked for its advert directly (one request). One we
         are not connected to costs a DHT walk (about 40 requests), so it is skipped when we
-        already know ``ENOUGH_PEERS`` of its role or its last walk found nothing less than
-        ``MISS_RETRY_S`` ago. At N = 100, walks for the same unconnected providers, round after
-        round, were most of an idle swarm's DHT traffic (1,675 of 2,782 DHT streams in 20 s,
-        ``bench/idle.py --nodes 100``). Trainers and validators are few and each is needed (a
-        trainer that skipped another for a minute would publish as if alone): they are looked
-        up every round until found."""
+        already know ``ENOUGH_PEERS`` of its role. Either way, a provider whose lookup found
+        nothing less than ``MISS_RETRY_S`` ago is skipped. At N = 100, walks for the same
+        unconnected providers, round after round, were most of an idle swarm's DHT traffic
+        (1,675 of 2,782 DHT streams in 20 s, ``bench/idle.py --nodes 100``); on a saturated box
+        the direct asks time out too, and asking again every round kept it saturated (at N = 50,
+        13 of 19 direct asks in 20 s timed out while the nodes were still placing their
+        records). Trainers and validators are few and each is needed (a trainer that skipped
+        another for a minute would publish as if alone): they are looked up every round until
+        found."""
         now = trio.current_time()
         self._missed = {p: t for p, t in self._missed.items() if now - t < MISS_RETRY_S}
         for role in RUN_ROLES:
@@ -178,8 +181,9 @@ class Membership:
             for peer in await self.overlay.find_providers(role_provider_key(self.run_id, role)):
                 if peer == self.key.peer_id or self._fresh(peer):
                     continue
-                missed = peer in self._missed and role not in GENESIS_ROLES
-                if not self.overlay.connected(peer) and (enough or missed):
+                if peer in self._missed and role not in GENESIS_ROLES:
+                    continue
+                if enough and not self.overlay.connected(peer):
                     continue
                 signed = await self.overlay.get_advert(self.run_id, peer)
                 if signed is None:
