@@ -1,13 +1,14 @@
 """Idle cost of a node: CPU per node while nothing is published, and where it goes.
 
-    .venv/bin/python bench/idle.py [--nodes 20] [--settle 30] [--window 20] [--profile]
-        [--json PATH]
+    .venv/bin/python bench/idle.py [--nodes 20] [--per-process 10] [--settle 30] [--window 20]
+        [--profile] [--json PATH]
 
 The swarm of ``bench/scale.py`` without a version: 2 bootstrap peers, the publisher (a genesis
-trainer that publishes nothing) and ``--nodes`` inference nodes, 10 per process and trio loop
-(``bench/scale_node.py``). After ``--settle`` seconds (discovery backs off, the DHT settles) it
-reads the CPU time of the node processes over ``--window`` seconds: ``idle_cpu_pct_per_node``
-is that over the nodes, in % of one core. With ``--profile`` the first process (10 nodes) runs
+trainer that publishes nothing) and ``--nodes`` inference nodes, ``--per-process`` (10) to a
+process and trio loop (``bench/scale_node.py``). After ``--settle`` seconds (discovery backs
+off, the DHT settles) it reads the CPU time of the node processes over ``--window`` seconds:
+``idle_cpu_pct_per_node`` is that over the nodes, in % of one core. With ``--profile`` the
+first process runs
 cProfile over the same window and the functions with the most own time and the most
 cumulative time are printed (``profile_top`` in the JSON): what an idle node spends its CPU on.
 Processes are killed and the temp dir removed at the end.
@@ -58,7 +59,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         spec, spec_path = write_spec(base)
         async with trio.open_nursery() as nursery:
             await start_publisher(nursery, spec, spec_path, procs)
-            groups = await start_groups(nursery, spec_path, args.nodes, 10, procs)
+            groups = await start_groups(nursery, spec_path, args.nodes, args.per_process, procs)
             log(f"idle: {args.nodes} nodes up; settling {args.settle:.0f} s")
             await trio.sleep(args.settle)
             profile_path = Path(args.profile_out) if args.profile_out else base / "idle.prof"
@@ -76,6 +77,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             boot_cpu = [p.usage()[1] - b for p, b in zip(procs[:2], boot_before, strict=True)]
             result: dict[str, Any] = {
                 "nodes": args.nodes,
+                "nodes_per_process": args.per_process,
                 "settle_s": args.settle,
                 "window_s": took,
                 "idle_cpu_pct_per_node": 100 * sum(cpu) / took / args.nodes,
@@ -99,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--nodes", type=int, default=20)
     parser.add_argument("--settle", type=float, default=30.0)
     parser.add_argument("--window", type=float, default=20.0)
+    parser.add_argument("--per-process", type=int, default=10, help="nodes sharing a process")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--profile-out", default=None, help="keep the pstats file here")
