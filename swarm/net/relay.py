@@ -220,11 +220,13 @@ def _relayed(conn: Any, seen: weakref.WeakKeyDictionary[Any, bool]) -> bool:
     except (KeyError, TypeError):
         pass
     try:
-        answer = any("/p2p-circuit" in str(addr) for addr in conn.get_transport_addresses())
+        addrs = list(conn.get_transport_addresses())
     except Exception:
         return False
-    with contextlib.suppress(TypeError):  # an object that takes no weak reference: ask again
-        seen[conn] = answer
+    answer = any("/p2p-circuit" in str(addr) for addr in addrs)
+    if addrs:  # a connection still being set up may have none yet: ask again next round
+        with contextlib.suppress(TypeError):  # an object that takes no weak reference
+            seen[conn] = answer
     return answer
 
 

@@ -67,3 +67,21 @@ def test_only_relayed_peers_are_punched_and_each_connection_is_read_once() -> No
     assert punched == ["relayed-peer"] * 3  # py-libp2p's attempt budget, then left alone
     assert direct.reads == 1
     assert circuit.reads == 1
+
+
+def test_a_connection_without_addresses_yet_is_looked_at_again() -> None:
+    circuit = FakeConn([])  # set up, its addresses not known yet
+    punched: list[str] = []
+    proto = dcutr(FakeHost({"relayed-peer": [circuit]}), punched)
+
+    async def rounds() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(proto._auto_drive_loop)
+            await trio.sleep(3)  # one round: no addresses, no punch
+            assert punched == []
+            circuit.addrs.append("/ip4/10.0.0.9/tcp/4001/p2p/QmRelay/p2p-circuit")
+            await trio.sleep(2)  # the same loop reads them on its next round
+            assert punched == ["relayed-peer"]
+            nursery.cancel_scope.cancel()
+
+    trio.run(rounds, clock=trio.testing.MockClock(autojump_threshold=0))
