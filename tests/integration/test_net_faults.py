@@ -262,7 +262,10 @@ async def test_a_gossip_and_stream_flood_from_one_peer_leaves_the_node_responsiv
         # gate runs; what got through the rate limit was refused by the gate, none accepted.
         assert target.stats.rejected["policy", "not-authorized"] >= 5
         assert target.stats.accepted["policy"] == 0 and target.policy.version is None
-        assert server.served + server.shed + server.refused >= 300
+        # The flood pressed on the stream gate: beyond its 8 slots, it shed dozens. How many of
+        # the 600 got that far, rather than being reset in py-libp2p's muxer or timed out by
+        # mallory, depends on the machine (150-300 here on 2 cores).
+        assert server.shed >= 50, (server.served, server.shed, server.refused)
         answer = await honest.request(target.peer_id, "echo", b"still here")
         assert answer == b"still here"
         assert (await _status_latency(sock)) < 1.0
