@@ -82,8 +82,6 @@ def serve(ledger: Path, port_file: Path) -> None:
         policy.record(sign(PolicyAnnouncement(run_id, v, bytes(32), v), lf.TRAINER))
 
     class NoDHT:
-        peer_id = "bench"
-
         async def find_providers(self, key: str) -> list[str]:
             return []
 
@@ -93,7 +91,7 @@ def serve(ledger: Path, port_file: Path) -> None:
         genesis=genesis,
         status=lambda: {"role": "validator", "uptime_s": time.monotonic() - started},
         policy=policy,
-        holders=HolderWatch(NoDHT(), run_id, lambda: []),
+        holders=HolderWatch(NoDHT(), "bench", run_id, lambda: []),
         queries=LedgerQueries(ledger, initial_balance=100, ban_threshold=0),
         roles=dict,
     )

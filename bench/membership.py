@@ -98,14 +98,14 @@ PHASES: dict[str, list[float]] = {"providers": [], "adverts": []}
 async def lookup_role(node: Node, role: Any) -> int:
     """One uncached role lookup; the number of members found with a valid advert."""
     t0 = trio.current_time()
-    peers = await node.overlay.find_providers(role_provider_key(node.run_id, role))
+    peers = await node.overlay.records.find_providers(role_provider_key(node.run_id, role))
     t1 = trio.current_time()
     PHASES["providers"].append((t1 - t0) * 1000)
     found = 0
 
     async def advert(peer: str) -> None:
         nonlocal found
-        if peer != node.peer_id and await node.overlay.get_advert(node.run_id, peer):
+        if peer != node.peer_id and await node.overlay.records.get_advert(node.run_id, peer):
             found += 1
 
     async with trio.open_nursery() as nursery:

@@ -212,12 +212,12 @@ async def lookup(node: Node, role: str) -> tuple[float, int]:
     """One uncached role lookup as ``Membership.discover`` does it (providers, then their
     adverts): (milliseconds, members found with a valid advert)."""
     t0 = trio.current_time()
-    peers = await node.overlay.find_providers(role_provider_key(node.run_id, role))  # type: ignore[arg-type]
+    peers = await node.overlay.records.find_providers(role_provider_key(node.run_id, role))  # type: ignore[arg-type]
     found = 0
 
     async def advert(peer: str) -> None:
         nonlocal found
-        if await node.overlay.get_advert(node.run_id, peer) is not None:
+        if await node.overlay.records.get_advert(node.run_id, peer) is not None:
             found += 1
 
     async with trio.open_nursery() as nursery:

@@ -130,7 +130,7 @@ async def _find_validators(node: Node, genesis: Signed[RunGenesis], wait_s: floa
                 advert = node.membership.advert_of(peer)
                 if advert is None:
                     with trio.move_on_after(5.0):
-                        advert = await node.overlay.get_advert(node.run_id, peer)
+                        advert = await node.overlay.records.get_advert(node.run_id, peer)
                 for addr in advert.message.addrs if advert is not None else ():
                     try:
                         if await dial_once(node.overlay.host, addr, 5.0) is None:

@@ -53,6 +53,7 @@ from swarm.net import (
     ledger_topic,
     parse_multiaddr,
     parse_peer_addr,
+    peer_of,
     policy_topic,
     request,
     serve,
@@ -242,7 +243,7 @@ class Node:
                 log.exception("ledger handler failed")
 
     def _bootstrap_peer_ids(self) -> list[str]:
-        return [a.rsplit("/p2p/", 1)[1] for a in self.config.bootstrap if "/p2p/" in a]
+        return [p for p in map(peer_of, self.config.bootstrap) if p is not None]
 
     async def _check_reachability(self) -> None:
         """Ask the bootstrap peers to dial us back now and then (sooner while unknown)."""

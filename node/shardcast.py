@@ -21,6 +21,7 @@ import trio
 
 from swarm.errors import NetworkError, PeerError
 from swarm.messages import RunGenesis, ShardManifest, Signed, run_id_of
+from swarm.net.host import peer_of
 from swarm.shardcast import (
     FetchConfig,
     FetchProgress,
@@ -66,7 +67,7 @@ def _bootstrap_ids(node: Any) -> set[str]:
     """The peer ids in the node's ``--bootstrap`` addresses (``.../p2p/<id>``)."""
     config = getattr(node, "config", None)
     addrs = getattr(config, "bootstrap", ()) or ()
-    return {a.rsplit("/p2p/", 1)[1] for a in addrs if "/p2p/" in a}
+    return {p for p in map(peer_of, addrs) if p is not None}
 
 
 def channel_host(listen: Sequence[str]) -> str:
@@ -151,7 +152,7 @@ class ShardcastService:
     async def advertise(self, version: int) -> None:
         """Publish our provider record for ``version`` (best effort: logged on failure)."""
         try:
-            await self.node.overlay.provide(version_provider_key(self.run_id, version))
+            await self.node.overlay.records.provide(version_provider_key(self.run_id, version))
         except NetworkError as exc:
             log.warning("could not advertise version %d: %s", version, exc)
 
@@ -182,7 +183,7 @@ class ShardcastService:
         trainer_known = bool(by_role.get("trainer") or trainers)
         if version is not None and (len(set(found)) < ENOUGH_PROVIDERS or not trainer_known):
             try:
-                found += await self.node.overlay.find_providers(
+                found += await self.node.overlay.records.find_providers(
                     version_provider_key(self.run_id, version)
                 )
             except NetworkError as exc:

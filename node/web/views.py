@@ -115,8 +115,12 @@ class HolderWatch:
     """Who holds which policy version (DHT provider records, refreshed every ``every_s``),
     and the download rates of this node's own fetches, per version."""
 
-    def __init__(self, overlay: Any, run_id: str, versions: Callable[[], list[int]]) -> None:
-        self.overlay = overlay
+    def __init__(
+        self, records: Any, me: str, run_id: str, versions: Callable[[], list[int]]
+    ) -> None:
+        self.records = records
+        """The node's ``swarm.net.DhtRecords``."""
+        self.me = me
         self.run_id = run_id
         self.versions = versions
         self.holders: dict[int, list[str]] = {}
@@ -141,14 +145,14 @@ class HolderWatch:
             own = set(self.local())
             for version in wanted:
                 try:
-                    found = await self.overlay.find_providers(
+                    found = await self.records.find_providers(
                         version_provider_key(self.run_id, version)
                     )
                 except SwarmError as exc:
                     log.debug("holder lookup of v%d failed: %s", version, exc)
                     found = self.holders.get(version, [])
                 if version in own:
-                    found = [self.overlay.peer_id, *found]
+                    found = [self.me, *found]
                 self.holders[version] = list(dict.fromkeys(found))
             for version in [v for v in self.holders if v not in wanted]:
                 del self.holders[version]
@@ -259,7 +263,12 @@ def node_view(node: Any, ledger_path: Path | None, feed: Any = None) -> RunView:
     if node.policy.newest is not None:
         policy.record(node.policy.newest)
     node.policy.on_change(policy.record)
-    holders = HolderWatch(node.overlay, node.run_id, lambda: [e["version"] for e in policy.entries])
+    holders = HolderWatch(
+        node.overlay.records,
+        node.peer_id,
+        node.run_id,
+        lambda: [e["version"] for e in policy.entries],
+    )
     if feed is not None:
         holders.local = lambda: [v for v in feed.store.versions() if feed.store.is_complete(v)]
         holders.progress = lambda: (
@@ -310,7 +319,12 @@ def bootstrap_view(boot: Any, genesis: Signed[RunGenesis], home: Path | None) ->
     if tracker.newest is not None:
         policy.record(tracker.newest)
     tracker.on_change(policy.record)
-    holders = HolderWatch(boot.overlay, run_id, lambda: [e["version"] for e in policy.entries])
+    holders = HolderWatch(
+        boot.overlay.records,
+        boot.overlay.peer_id,
+        run_id,
+        lambda: [e["version"] for e in policy.entries],
+    )
     store = boot.ledgers.get(run_id)
     g = genesis.message.params
     queries = (

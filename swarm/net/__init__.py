@@ -30,7 +30,14 @@ from swarm.net.gossip import (
     PolicyTracker,
     Refused,
 )
-from swarm.net.host import HostLimits, build_host, key_pair, parse_multiaddr, parse_peer_addr
+from swarm.net.host import (
+    HostLimits,
+    build_host,
+    key_pair,
+    parse_multiaddr,
+    parse_peer_addr,
+    peer_of,
+)
 from swarm.net.membership import Membership, MembershipConfig, authorize
 from swarm.net.names import (
     advert_key,
@@ -77,6 +84,7 @@ __all__ = [
     "parse_multiaddr",
     "parse_peer_addr",
     "parse_topic",
+    "peer_of",
     "policy_topic",
     "request",
     "role_provider_key",

@@ -67,6 +67,13 @@ def parse_peer_addr(text: str) -> PeerInfo:
     return info
 
 
+def peer_of(addr: str) -> str | None:
+    """The peer ID an address ends with (``.../p2p/<id>``, relayed ones included:
+    ``.../p2p/<relay>/p2p-circuit/p2p/<id>``); ``None`` when it ends with none."""
+    _, sep, peer = addr.rpartition("/p2p/")
+    return peer if sep and peer and "/" not in peer else None
+
+
 def check_peer_id(text: str) -> ID:
     """A libp2p ``ID`` from its base58 form; ``ConfigError`` if it is not an Ed25519 peer ID."""
     try:

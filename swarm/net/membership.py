@@ -122,7 +122,7 @@ class Membership:
         self.withdrawn = True
         signed = self.make_advert(WITHDRAWN_TTL_S)
         try:
-            await self.overlay.put_advert(signed)
+            await self.overlay.records.put_advert(signed)
         except SwarmError as exc:
             log.warning("withdrawing our RoleAdvert failed (%s); it expires unrefreshed", exc)
         self.mine = signed
@@ -131,8 +131,8 @@ class Membership:
         """Store a fresh advert and our provider record for our role."""
         signed = self.make_advert()
         self._published_at_size = self._table_size()
-        await self.overlay.put_advert(signed)
-        await self.overlay.provide(role_provider_key(self.run_id, self.role))
+        await self.overlay.records.put_advert(signed)
+        await self.overlay.records.provide(role_provider_key(self.run_id, self.role))
         self.mine = signed
         return signed
 
@@ -178,14 +178,16 @@ class Membership:
         self._missed = {p: t for p, t in self._missed.items() if now - t < MISS_RETRY_S}
         for role in RUN_ROLES:
             enough = self._role_counts()[role] >= ENOUGH_PEERS
-            for peer in await self.overlay.find_providers(role_provider_key(self.run_id, role)):
+            for peer in await self.overlay.records.find_providers(
+                role_provider_key(self.run_id, role)
+            ):
                 if peer == self.key.peer_id or self._fresh(peer):
                     continue
                 if peer in self._missed and role not in GENESIS_ROLES:
                     continue
                 if enough and not self.overlay.connected(peer):
                     continue
-                signed = await self.overlay.get_advert(self.run_id, peer)
+                signed = await self.overlay.records.get_advert(self.run_id, peer)
                 if signed is None:
                     self._missed[peer] = trio.current_time()
                 if signed is None or not self._accept(role, signed):
@@ -204,7 +206,7 @@ class Membership:
         known = self._peers.get(peer)
         if known is None:
             return None
-        signed = await self.overlay.get_advert(self.run_id, peer)
+        signed = await self.overlay.records.get_advert(self.run_id, peer)
         if (
             signed is not None
             and self._accept(known.message.role, signed)
@@ -238,7 +240,7 @@ class Membership:
         """Look ``peer_id``'s advert up again now (its addresses may have changed: a new relay),
         keeping it when newer; returns what we hold."""
         known = self._peers.get(peer_id)
-        signed = await self.overlay.get_advert(self.run_id, peer_id)
+        signed = await self.overlay.records.get_advert(self.run_id, peer_id)
         if (
             signed is not None
             and (known is None or known.message.issued_at < signed.message.issued_at)
@@ -254,7 +256,7 @@ class Membership:
         """Warn loudly when a live advert for our peer ID, not issued by this process, is in
         the DHT: another node runs with our key."""
         now = self.overlay.config.clock()
-        for raw in await self.overlay.remote_adverts(self.run_id, self.key.peer_id):
+        for raw in await self.overlay.records.remote_adverts(self.run_id, self.key.peer_id):
             try:
                 signed = check_advert(raw, now_ms=now)
             except SwarmError:

@@ -10,7 +10,8 @@ py-libp2p choices made here, each for a reason:
   the topics given to ``flood_publish`` (``swarm.net.gossipsub``: our own messages go to
   every subscribed peer we are connected to, not only our mesh, as GossipSub v1.1 specifies);
 - the DHT in server mode when reachable, with ``RoleAdvertValidator`` on the ``swarm-node``
-  namespace and strict validation (records in namespaces nobody validates are refused);
+  namespace and strict validation (records in namespaces nobody validates are refused); the
+  records themselves are read and written through ``records`` (``swarm.net.dht_records``);
 - reachability by dial-back (``swarm.net.reach``, not py-libp2p's AutoNAT, which answered
   "public" for closed ports and NATed hosts): the DHT moves to client mode when nobody could
   dial us back, and back to server mode when somebody could;
@@ -45,7 +46,7 @@ from libp2p.tools.anyio_service.context import background_trio_service
 
 from swarm.errors import NetworkError, SwarmError
 from swarm.identity import NodeKey
-from swarm.messages import RoleAdvert, Signed
+from swarm.net.dht_records import DhtRecords
 from swarm.net.dial import DialPolicy, DialReport, dial_bootstrap, dial_once
 from swarm.net.gossipsub import SwarmGossipSub
 from swarm.net.host import (
@@ -55,20 +56,19 @@ from swarm.net.host import (
     full_addrs,
     listen_addrs,
     parse_multiaddr,
+    peer_of,
 )
-from swarm.net.names import NAMESPACE, advert_key
+from swarm.net.names import NAMESPACE
 from swarm.net.paths import DirectPath, direct_path
 from swarm.net.reach import DialbackServer, Reachability, check_reachability, tcp_ports
-from swarm.net.records import Clock, RoleAdvertValidator, check_advert, wall_clock_ms
+from swarm.net.records import Clock, RoleAdvertValidator, wall_clock_ms
 from swarm.net.relay import RelayClient, RelayHop, is_circuit
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DIAL = DialPolicy()
-_QUERY_TIMEOUT_S = 5.0
 EQUIVOCATION_KEEP = 4096
 """Forwarded messages GossipSub remembers for its equivocation check (see trim_gossip_state)."""
-_ASK_CLOSEST = 4
 KEEP_CONNECTED_S = 10.0
 """How often nodes and bootstrap peers check the connections they keep (``Overlay.redial``)."""
 
@@ -136,6 +136,8 @@ class Overlay:
             validator=validator,
             strict_validation=True,
         )
+        self.records = DhtRecords(self.host, self.dht, config.clock, self.connected)
+        """Our RoleAdvert and provider records in the DHT, and other peers'."""
         d, lo, hi = config.gossip_degree
         self.gossipsub: Any = SwarmGossipSub(
             [PROTOCOL_ID_V11, PROTOCOL_ID],
@@ -324,9 +326,8 @@ class Overlay:
     async def dial(self, addrs: Sequence[str], policy: DialPolicy = DEFAULT_DIAL) -> DialReport:
         """Dial bootstrap peers (see ``dial_bootstrap``) and seed the DHT's routing table."""
         report = await dial_bootstrap(self.host, addrs, policy)
-        for addr in report.connected:
-            peer = ID.from_base58(addr.rsplit("/p2p/", 1)[1])
-            await self.dht.add_peer(peer, skip_server_mode_check=True)
+        for peer in filter(None, map(peer_of, report.connected)):
+            await self.dht.add_peer(ID.from_base58(peer), skip_server_mode_check=True)
         with trio.move_on_after(policy.timeout):
             await self.dht.refresh_routing_table()
         return report
@@ -338,7 +339,9 @@ class Overlay:
         peers back after a partition heals or one restarts."""
         ok: list[str] = []
         for addr in addrs:
-            peer = addr.rsplit("/p2p/", 1)[-1]
+            peer = peer_of(addr)
+            if peer is None:  # bootstrap addresses are checked to name one (parse_peer_addr)
+                continue
             if not self.connected(peer):
                 try:
                     if await dial_once(self.host, addr, timeout) is not None:
@@ -382,123 +385,6 @@ class Overlay:
                 return None
             whys.append(f"{addr}: {why}")
         return "; ".join(whys) or "no address to dial"
-
-    # -- DHT ------------------------------------------------------------------------------------
-
-    async def put_advert(self, signed: Signed[RoleAdvert]) -> None:
-        key = advert_key(signed.message.run_id, signed.message.peer_id)
-        try:
-            await self.dht.put_value(key, signed.raw)
-        except SwarmError:
-            raise
-        except Exception as exc:
-            raise NetworkError(f"publishing the RoleAdvert failed: {exc}") from exc
-
-    async def get_advert(self, run_id: str, peer_id: str) -> Signed[RoleAdvert] | None:
-        """The peer's newest valid RoleAdvert, checked again here (py-libp2p returns a locally
-        stored record without validating it)."""
-        key = advert_key(run_id, peer_id)
-        if self.connected(peer_id) and self._serves_dht(peer_id):
-            # The advert is signed by the peer it describes, so that peer is as good a source
-            # as any: one request to it, where py-libp2p's ``get_value`` asks the closest peers
-            # it finds and stores the record back at those that lack it (about 40 DHT requests
-            # an advert; at N = 50 that was most of an idle node's CPU, docs/BENCHMARKS.md).
-            # No walk when it does not answer: on a busy machine the direct ask timed out and
-            # the walk that followed made the machine busier still (N = 100).
-            return await self._advert_from(peer_id, key)
-        try:
-            raw = await self.dht.get_value(key)
-        except Exception as exc:
-            log.debug("get_value %s failed: %s", key, exc)
-            return None
-        if raw is None:
-            return None
-        try:
-            return check_advert(raw, key=key, now_ms=self.config.clock())
-        except SwarmError:
-            return None
-
-    def _serves_dht(self, peer_id: str) -> bool:
-        """The peer said (identify) it answers DHT requests: a private node, in client mode,
-        does not, and its advert is found by the walk only."""
-        try:
-            protocols = self.host.get_peerstore().get_protocols(ID.from_base58(peer_id))
-        except Exception:  # not identified yet, or no such peer
-            return False
-        return str(KAD_PROTOCOL) in {str(p) for p in protocols}
-
-    async def _advert_from(self, peer_id: str, key: str) -> Signed[RoleAdvert] | None:
-        """The advert ``peer_id`` holds in its own DHT store for ``key``, checked; ``None``
-        when it does not answer within 2 s or holds none that is valid."""
-        with trio.move_on_after(2):
-            try:
-                raw = await self.dht.value_store._get_from_peer(
-                    ID.from_base58(peer_id), key.encode()
-                )
-                if isinstance(raw, bytes):
-                    return check_advert(raw, key=key, now_ms=self.config.clock())
-            except Exception as exc:  # any failure: the next discovery round asks again
-                log.debug("advert of %s from itself: %s", peer_id, exc)
-        return None
-
-    async def remote_adverts(self, run_id: str, peer_id: str, limit: int = 8) -> list[bytes]:
-        """The advert records that connected peers hold for ``peer_id`` (skipping our own
-        store), to notice another live node with the same key."""
-        key = advert_key(run_id, peer_id).encode()
-        out: list[bytes] = []
-        for peer in list(self.host.get_connected_peers())[:limit]:
-            try:
-                with trio.move_on_after(2):
-                    value = await self.dht.value_store._get_from_peer(peer, key)
-                    if isinstance(value, bytes):
-                        out.append(value)
-            except Exception:
-                continue
-        return out
-
-    async def provide(self, key: str) -> None:
-        try:
-            await self.dht.provide(key)
-        except Exception as exc:
-            raise NetworkError(f"publishing a provider record failed: {exc}") from exc
-
-    async def find_providers(self, key: str, count: int = 64) -> list[str]:
-        """Peer IDs (deduplicated) that announced themselves under ``key`` (hex).
-
-        py-libp2p's ``find_providers`` answers from the local store alone as soon as that holds
-        any provider, so a node would only ever see peers that joined after it; this asks the
-        peers closest to the key as well, every time.
-        """
-        raw = bytes.fromhex(key)
-        store = self.dht.provider_store
-        found: dict[str, Any] = {str(p.peer_id): p for p in store.get_providers(raw)}
-        # The closest peers our routing table knows; an iterative network lookup only when it
-        # knows none (a lookup per role per round would cost every node a busy CPU).
-        closest = self.dht.routing_table.find_local_closest_peers(raw, _ASK_CLOSEST)
-        if not closest:
-            try:
-                closest = await self.dht.peer_routing.find_closest_peers_network(raw)
-            except Exception as exc:
-                log.debug("closest-peers lookup failed: %s", exc)
-                closest = list(self.host.get_connected_peers())
-
-        async def ask(peer: Any) -> None:
-            with trio.move_on_after(_QUERY_TIMEOUT_S):
-                try:
-                    providers, _ = await store._get_providers_from_peer_with_closers(peer, raw)
-                except Exception as exc:
-                    log.debug("providers query to %s failed: %s", peer, exc)
-                    return
-                for info in providers or ():
-                    if str(info.peer_id) not in found:
-                        found[str(info.peer_id)] = info
-                        store.add_provider(raw, info)
-
-        async with trio.open_nursery() as nursery:
-            for peer in closest[:_ASK_CLOSEST]:
-                if str(peer) != self.peer_id:
-                    nursery.start_soon(ask, peer)
-        return list(found)[:count]
 
     # -- gossip ---------------------------------------------------------------------------------
 

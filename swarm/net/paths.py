@@ -16,7 +16,6 @@ treat as "no direct path: use libp2p streams".
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 from dataclasses import dataclass
 from typing import Any
@@ -48,18 +47,23 @@ def _socket_of(conn: Any) -> Any:
     return None
 
 
-def _relayed(conn: Any) -> bool:
+def relayed(conn: Any) -> bool | None:
+    """Whether a py-libp2p connection runs over a relay circuit (its type says so, or its
+    addresses name ``/p2p-circuit``); ``None`` while that cannot be told yet (a connection
+    still being set up has no addresses). Reads the addresses once."""
     kind = getattr(conn, "get_connection_type", None)
     if kind is not None and "RELAYED" in str(kind()):
         return True
-    with contextlib.suppress(Exception):
-        return any("/p2p-circuit" in str(a) for a in conn.get_transport_addresses())
-    return False
+    try:
+        addrs = list(conn.get_transport_addresses())
+    except Exception:
+        return None
+    return any("/p2p-circuit" in str(a) for a in addrs) if addrs else None
 
 
 def path_of(conn: Any) -> DirectPath | None:
     """The direct path of one py-libp2p connection, ``None`` when relayed or unknown."""
-    if _relayed(conn):
+    if relayed(conn):
         return None
     sock = _socket_of(conn)
     if sock is None:
@@ -116,4 +120,4 @@ def relayed_connection(host: Any, peer_id: str) -> Any | None:
         return None
     if not conns or any(path_of(c) is not None for c in conns):
         return None
-    return next((c for c in conns if _relayed(c)), None)
+    return next((c for c in conns if relayed(c)), None)

@@ -58,6 +58,7 @@ from libp2p.tools.anyio_service.context import background_trio_service
 from swarm.errors import NetworkError, SwarmError
 from swarm.net.dial import dial_once
 from swarm.net.host import check_peer_id, parse_peer_addr
+from swarm.net.paths import relayed
 
 log = logging.getLogger(__name__)
 
@@ -214,20 +215,16 @@ def _as_list(conns: Any) -> list[Any]:
 
 
 def _relayed(conn: Any, seen: weakref.WeakKeyDictionary[Any, bool]) -> bool:
-    """The connection runs over a relay circuit (its addresses name ``/p2p-circuit``)."""
+    """``paths.relayed``, remembered per connection once it can be told."""
     try:
         return seen[conn]
     except (KeyError, TypeError):
         pass
-    try:
-        addrs = list(conn.get_transport_addresses())
-    except Exception:
-        return False
-    answer = any("/p2p-circuit" in str(addr) for addr in addrs)
-    if addrs:  # a connection still being set up may have none yet: ask again next round
+    answer = relayed(conn)
+    if answer is not None:  # no addresses yet: ask again next round
         with contextlib.suppress(TypeError):  # an object that takes no weak reference
             seen[conn] = answer
-    return answer
+    return bool(answer)
 
 
 class RelayClient:

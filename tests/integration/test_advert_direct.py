@@ -22,12 +22,12 @@ async def test_a_connected_peers_advert_comes_from_the_peer_itself() -> None:
 
         alice.overlay.dht.get_value = counted  # type: ignore[method-assign]
         assert await alice.overlay.connect(bob.peer_id, bob.overlay.addrs()) is None
-        found = await alice.overlay.get_advert(alice.run_id, bob.peer_id)
+        found = await alice.overlay.records.get_advert(alice.run_id, bob.peer_id)
         assert bob.membership.mine is not None
         assert found is not None and found.raw == bob.membership.mine.raw
         assert walks == []  # no DHT walk for it
 
         # Not connected (and nobody else to ask): the DHT path, which finds nothing here.
         carol = key_named("carol").peer_id
-        assert await alice.overlay.get_advert(alice.run_id, carol) is None
+        assert await alice.overlay.records.get_advert(alice.run_id, carol) is None
         assert len(walks) == 1

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import trio
 from typer.testing import CliRunner
 
 from cli.app import app
@@ -37,9 +36,8 @@ async def test_a_conflicting_manifest_for_a_known_version_is_refused_by_every_no
         # A second genesis trainer signs another manifest for v3 and gossips it, past its own
         # gate (a forked or malicious trainer does not run ours).
         rogue = await net.node("trainer", net.trainer_keys[1])
-        await wait_until(lambda: len(rogue.overlay.connected_peers()) >= 2, 20)
-        await trio.sleep(1)  # the gossip mesh takes the newcomer in (heartbeat 0.2 s)
         topic = policy_topic(rogue.run_id)
+        await wait_until(lambda: len(rogue.overlay.mesh_peers(topic)) >= 2, 20)
         rogue.overlay.set_gate(topic, lambda data: True)
         forged = sign(PolicyAnnouncement(rogue.run_id, 3, b"\x66" * 32, wall_clock_ms()), rogue.key)
         await rogue.overlay.publish(topic, forged.raw)

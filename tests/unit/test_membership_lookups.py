@@ -52,6 +52,10 @@ class FakeOverlay:
     asked: list[str] = field(default_factory=list)
     config: Any = field(default_factory=lambda: SimpleNamespace(clock=lambda: NOW_MS))
 
+    @property
+    def records(self) -> FakeOverlay:  # the DhtRecords half of the overlay, faked here too
+        return self
+
     async def find_providers(self, key: str) -> list[str]:
         if key == role_provider_key(RUN, "trainer"):
             return self.trainers

@@ -28,8 +28,6 @@ CHEATER = NodeKey.from_seed(b"\x66" * 32)
 
 
 class _NoDHT:
-    peer_id = "self"
-
     async def find_providers(self, key: str) -> list[str]:
         return []
 
@@ -51,7 +49,9 @@ def view(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunView]:
         policy.record(
             sign(PolicyAnnouncement(store.run_id, v, bytes([v]) * 32, 1000 + v), lf.TRAINER)
         )
-    holders = HolderWatch(_NoDHT(), store.run_id, lambda: [e["version"] for e in policy.entries])
+    holders = HolderWatch(
+        _NoDHT(), "self", store.run_id, lambda: [e["version"] for e in policy.entries]
+    )
     holders.holders = {3: [lf.TRAINER.peer_id, HONEST[0].peer_id]}
     status = {
         "peer_id": lf.VALIDATOR.peer_id,

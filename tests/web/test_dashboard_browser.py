@@ -259,8 +259,6 @@ async def test_peer_text_with_html_is_shown_as_text(tmp_path: Path) -> None:
     queries = LedgerQueries(store.path, initial_balance=100, ban_threshold=0)
 
     class NoDHT:
-        peer_id = "self"
-
         async def find_providers(self, key: str) -> list[str]:
             return []
 
@@ -269,7 +267,7 @@ async def test_peer_text_with_html_is_shown_as_text(tmp_path: Path) -> None:
         genesis=store.genesis,
         status=lambda: {"peer_id": EVIL, "role": "validator"},
         policy=PolicyLog(),
-        holders=HolderWatch(NoDHT(), store.run_id, list),
+        holders=HolderWatch(NoDHT(), "self", store.run_id, list),
         queries=queries,
         roles=dict,
     )

@@ -72,7 +72,7 @@ def _view(queries: LedgerQueries, host: object, peer_id: str) -> RunView:
         genesis=lf.genesis(),
         status=dict,
         policy=PolicyLog(),
-        holders=HolderWatch(None, lf.RUN_ID, list),
+        holders=HolderWatch(None, "self", lf.RUN_ID, list),
         queries=queries,
         roles=dict,
         host=host,
