@@ -269,7 +269,7 @@ async def probe_reachability(
     listen: tuple[str, ...], bootstrap: tuple[str, ...], announce: tuple[str, ...]
 ) -> Any:
     from swarm.identity import NodeKey
-    from swarm.net import DialPolicy, Overlay, OverlayConfig, peer_of
+    from swarm.net import DialPolicy, Overlay, OverlayConfig, peer_ids
     from swarm.net.reach import Reachability
 
     config = OverlayConfig(listen=listen, announce=announce, dht_server=False)
@@ -278,7 +278,7 @@ async def probe_reachability(
             report = await overlay.dial(bootstrap, DialPolicy(attempts=1, timeout=5.0))
         except SwarmError as exc:
             return Reachability("unknown", str(exc))
-        servers = [p for p in map(peer_of, report.connected) if p is not None]
+        servers = peer_ids(report.connected)
         return await overlay.check_reachability(servers)
 
 

@@ -53,7 +53,7 @@ from swarm.net import (
     ledger_topic,
     parse_multiaddr,
     parse_peer_addr,
-    peer_of,
+    peer_ids,
     policy_topic,
     request,
     serve,
@@ -243,7 +243,7 @@ class Node:
                 log.exception("ledger handler failed")
 
     def _bootstrap_peer_ids(self) -> list[str]:
-        return [p for p in map(peer_of, self.config.bootstrap) if p is not None]
+        return peer_ids(self.config.bootstrap)
 
     async def _check_reachability(self) -> None:
         """Ask the bootstrap peers to dial us back now and then (sooner while unknown)."""

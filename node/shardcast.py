@@ -21,7 +21,7 @@ import trio
 
 from swarm.errors import NetworkError, PeerError
 from swarm.messages import RunGenesis, ShardManifest, Signed, run_id_of
-from swarm.net.host import peer_of
+from swarm.net.host import peer_ids
 from swarm.shardcast import (
     FetchConfig,
     FetchProgress,
@@ -67,7 +67,7 @@ def _bootstrap_ids(node: Any) -> set[str]:
     """The peer ids in the node's ``--bootstrap`` addresses (``.../p2p/<id>``)."""
     config = getattr(node, "config", None)
     addrs = getattr(config, "bootstrap", ()) or ()
-    return {p for p in map(peer_of, addrs) if p is not None}
+    return set(peer_ids(addrs))
 
 
 def channel_host(listen: Sequence[str]) -> str:

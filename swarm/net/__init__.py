@@ -36,6 +36,7 @@ from swarm.net.host import (
     key_pair,
     parse_multiaddr,
     parse_peer_addr,
+    peer_ids,
     peer_of,
 )
 from swarm.net.membership import Membership, MembershipConfig, authorize
@@ -84,6 +85,7 @@ __all__ = [
     "parse_multiaddr",
     "parse_peer_addr",
     "parse_topic",
+    "peer_ids",
     "peer_of",
     "policy_topic",
     "request",

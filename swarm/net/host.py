@@ -7,7 +7,7 @@ wrong comes back as ``ConfigError`` before any socket is opened.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +72,11 @@ def peer_of(addr: str) -> str | None:
     ``.../p2p/<relay>/p2p-circuit/p2p/<id>``); ``None`` when it ends with none."""
     _, sep, peer = addr.rpartition("/p2p/")
     return peer if sep and peer and "/" not in peer else None
+
+
+def peer_ids(addrs: Iterable[str]) -> list[str]:
+    """The peer IDs ``addrs`` end with (``peer_of``), in order, skipping those naming none."""
+    return [p for p in map(peer_of, addrs) if p is not None]
 
 
 def check_peer_id(text: str) -> ID:

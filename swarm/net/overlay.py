@@ -56,6 +56,7 @@ from swarm.net.host import (
     full_addrs,
     listen_addrs,
     parse_multiaddr,
+    peer_ids,
     peer_of,
 )
 from swarm.net.names import NAMESPACE
@@ -326,7 +327,7 @@ class Overlay:
     async def dial(self, addrs: Sequence[str], policy: DialPolicy = DEFAULT_DIAL) -> DialReport:
         """Dial bootstrap peers (see ``dial_bootstrap``) and seed the DHT's routing table."""
         report = await dial_bootstrap(self.host, addrs, policy)
-        for peer in filter(None, map(peer_of, report.connected)):
+        for peer in peer_ids(report.connected):
             await self.dht.add_peer(ID.from_base58(peer), skip_server_mode_check=True)
         with trio.move_on_after(policy.timeout):
             await self.dht.refresh_routing_table()

@@ -189,7 +189,7 @@ class SwarmDCUtR(DCUtRProtocol):
     looked at once; the rest of the loop (who is skipped, how a punch starts) is py-libp2p's."""
 
     async def _auto_drive_loop(self) -> None:
-        relayed: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        seen: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         while True:
             await trio.sleep(2.0)
             try:
@@ -202,7 +202,7 @@ class SwarmDCUtR(DCUtRProtocol):
                         or self._hole_punch_attempts.get(peer_id, 0) >= MAX_HOLE_PUNCH_ATTEMPTS
                     ):
                         continue
-                    if any(_relayed(conn, relayed) for conn in _as_list(conns)):
+                    if any(_relayed(conn, seen) for conn in _as_list(conns)):
                         await self.initiate_hole_punch(peer_id)
             except trio.Cancelled:
                 raise
