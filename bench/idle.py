@@ -8,9 +8,9 @@ trainer that publishes nothing) and ``--nodes`` inference nodes, ``--per-process
 process and trio loop (``bench/scale_node.py``). After ``--settle`` seconds (discovery backs
 off, the DHT settles) it reads the CPU time of the node processes over ``--window`` seconds:
 ``idle_cpu_pct_per_node`` is that over the nodes, in % of one core. With ``--profile`` the
-first process runs
-cProfile over the same window and the functions with the most own time and the most
-cumulative time are printed (``profile_top`` in the JSON): what an idle node spends its CPU on.
+first process runs cProfile over the same window and the functions with the most own time and
+the most cumulative time are printed (``profile_top`` in the JSON): what an idle node spends its
+CPU on.
 Processes are killed and the temp dir removed at the end.
 """
 
