@@ -3,10 +3,18 @@
 :func:`verify_samples` recomputes each sample with the validator's engine (one batched prefill)
 and returns one :class:`SampleVerdict` per sample with the numbers that decided it:
 
-1. termination (no model needed): ``"stop"`` must end with EOS and hold at most ``max_tokens``
-   tokens; ``"length"`` exactly ``max_tokens``; no EOS before the last token.
-2. sampling (:func:`swarm.sampling.check_sampling`): every token, the final EOS included, is the
-   seeded Gumbel-max choice of the validator's logits, up to near-ties within the tolerance.
+1. termination (no model needed): ``"stop"`` must end with a stop id (any id of the model's stop
+   set, :attr:`EngineInfo.stop_ids <node.compute.engine.EngineInfo.stop_ids>`) and hold at most
+   ``max_tokens`` tokens; ``"length"`` exactly ``max_tokens``; no stop id before the last token.
+2. sampling (:func:`swarm.sampling.check_positions`, the run's sampler): every token, the final
+   stop id included, is the seeded Gumbel-max choice of the validator's logits, up to positions
+   within ``tie_tolerance`` of the best score; those are *tolerated*, recorded per sample
+   (``SamplingCheck.tolerated_at``), and bounded: a sample holding more than
+   ``max_tolerated_per_1k`` per 1,000 tokens (counted as if it had at least 1,000) is rejected,
+   soft up to ``hard_factor`` times the bound, hard beyond. The positions of every sample of a
+   submission are checked in batches of at most ``rows_per_chunk`` positions across samples,
+   on the device the logits are on: one noise draw and one comparison per batch, no Python
+   loop over positions.
 3. proofs (:func:`swarm.toploc.verify_proofs`): one proof per 32 tokens, checked against the
    validator's hidden states under the run's thresholds.
 
@@ -23,10 +31,11 @@ Where it runs (item 5 of issue 11): checks 1-3 are :func:`check_claims`, which
 child in a node), fed by the engine's :meth:`~node.compute.engine.Engine.prefill_stream`. The
 sampling check walks each sample in chunks of positions whose logits take at most
 ``VerifySettings.chunk_bytes`` (default :data:`VERIFY_CHUNK_BYTES`, 256 MiB) including the
-float64 work arrays of :func:`swarm.sampling.check_sampling` (:data:`BYTES_PER_LOGIT` = 56 bytes
-per vocabulary entry and position); only the verdict numbers cross the pipe. Memory bound for a
-150k vocabulary (Qwen2's 151,936) and a 64 x 1024-token submission: 256 MiB / (151,936 x 56 B)
-= 31 positions per chunk, so the check holds <= 256 MiB of logits and work arrays at a time,
+work arrays of :func:`swarm.sampling.check_positions` (:data:`BYTES_PER_LOGIT` = 56 bytes per
+vocabulary entry and position, what gumbel-1's float64 arrays take; gumbel-2 takes less); only
+the verdict numbers cross the pipe. Memory bound for a 150k vocabulary (Qwen2's 151,936) and a
+64 x 1024-token submission: 256 MiB / (151,936 x 56 B) = 31 positions per chunk, so the check
+holds <= 256 MiB of logits and work arrays at a time,
 plus the bf16 hidden bits of the submission (64 x 1024 x hidden x 2 B: 117 MiB at hidden 896)
 and one prefill micro-batch of the torch engine (``PREFILL_TOKENS`` = 8,192 tokens of
 activations). Unchunked, the same submission's float32 logits alone are 64 x 1024 x 151,936 x
@@ -46,8 +55,14 @@ from typing import Any
 
 from node.compute.engine import Engine, PrefillStates
 from swarm.errors import ProofError
-from swarm.sampling import DEFAULT_TIE_TOLERANCE, SamplingCheck, check_sampling
-from swarm.toploc import CHUNK_SIZE, TOPK, ProofCheck, ProofThresholds, verify_proofs
+from swarm.sampling import (
+    DEFAULT_TIE_TOLERANCE,
+    GUMBEL_2,
+    SamplingCheck,
+    check_positions,
+    summarize,
+)
+from swarm.toploc import CHUNK_SIZE, TOPK, ProofCheck, ProofThresholds, verify_proofs_batch
 
 DEFAULT_MODEL_SUBMISSION_MANT_ERR = 1.2
 """Submission-level bound on the mean mantissa error for the embedded default model (see above)."""
@@ -72,6 +87,17 @@ class VerifySettings:
     chunk_size: int = CHUNK_SIZE
     topk: int = TOPK
     chunk_bytes: int = VERIFY_CHUNK_BYTES
+    sampler: str = GUMBEL_2
+    max_tolerated_per_1k: int = 0
+    """Tolerated positions a sample may hold per 1,000 tokens (0 = no bound)."""
+
+    def tolerated_allowed(self, n_tokens: int) -> int | None:
+        """How many tolerated positions a sample of ``n_tokens`` may hold (None: no bound):
+        ``max_tolerated_per_1k`` scaled to the sample, never below the 1,000-token allowance,
+        so a short honest sample is not rejected for one near tie."""
+        if self.max_tolerated_per_1k <= 0:
+            return None
+        return self.max_tolerated_per_1k * max(n_tokens, 1000) // 1000
 
     def rows_per_chunk(self, vocab: int) -> int:
         return max(1, self.chunk_bytes // (max(1, vocab) * BYTES_PER_LOGIT))
@@ -87,6 +113,18 @@ class VerifySettings:
     def from_wire(cls, obj: dict[str, Any]) -> VerifySettings:
         e, mean, median = obj.pop("thresholds")
         return cls(thresholds=ProofThresholds(int(e), float(mean), float(median)), **obj)
+
+
+SAMPLING_FIELDS = (
+    "ok",
+    "n_tokens",
+    "mismatches",
+    "tolerated",
+    "near_ties",
+    "first_mismatch",
+    "max_gap",
+    "tolerated_at",
+)
 
 
 @dataclass(frozen=True)
@@ -112,24 +150,27 @@ class SampleVerdict:
 
 
 def check_termination(
-    tokens: list[int], finish_reason: str, max_tokens: int, eos_id: int
+    tokens: list[int], finish_reason: str, max_tokens: int, stop_ids: int | frozenset[int]
 ) -> str | None:
-    """Why the claimed termination is impossible, or None when it is consistent."""
+    """Why the claimed termination is impossible, or None when it is consistent; ``stop_ids``
+    is the model's stop set (one id means a set of one)."""
+    stops = frozenset((stop_ids,)) if isinstance(stop_ids, int) else stop_ids
     n = len(tokens)
     if n == 0:
         return "no tokens"
     if n > max_tokens:
         return f"{n} tokens exceed max_tokens={max_tokens}"
-    if eos_id in tokens[:-1]:
-        return f"EOS at position {tokens.index(eos_id)} before the end"
+    early = next((i for i, t in enumerate(tokens[:-1]) if t in stops), None)
+    if early is not None:
+        return f"stop id {tokens[early]} (EOS) at position {early} before the end"
     if finish_reason == "stop":
-        if tokens[-1] != eos_id:
-            return "finish reason 'stop' but the last token is not EOS"
+        if tokens[-1] not in stops:
+            return f"finish reason 'stop' but the last token {tokens[-1]} is not a stop id (EOS)"
     elif finish_reason == "length":
         if n != max_tokens:
             return f"finish reason 'length' with {n} tokens, not max_tokens={max_tokens}"
-        if tokens[-1] == eos_id:
-            return "finish reason 'length' but the last token is EOS"
+        if tokens[-1] in stops:
+            return f"finish reason 'length' but the last token {tokens[-1]} is a stop id (EOS)"
     else:
         return f"unknown finish reason {finish_reason!r}"
     return None
@@ -154,33 +195,111 @@ def _proof_verdict(
     return not reasons, hard, reasons
 
 
-def _check_sampling_chunked(
-    states: PrefillStates, c: SampleClaim, settings: VerifySettings, rows: int
-) -> SamplingCheck:
-    """:func:`check_sampling` over ``rows`` positions at a time, merged into one result."""
-    n = len(c.tokens)
-    parts: list[tuple[int, SamplingCheck]] = []
-    for start in range(0, n, rows):
-        stop = min(n, start + rows)
-        part = check_sampling(
-            states.logits(start, stop),
-            c.tokens[start:stop],
-            c.seed,
-            settings.temperature,
-            sample=c.sample_index,
-            tolerance=settings.tie_tolerance,
-            first_step=start,
-        )
-        parts.append((start, part))
-    firsts = [s + p.first_mismatch for s, p in parts if p.first_mismatch is not None]
-    return SamplingCheck(
-        ok=all(p.ok for _, p in parts),
-        n_tokens=n,
-        mismatches=sum(p.mismatches for _, p in parts),
-        tolerated=sum(p.tolerated for _, p in parts),
-        near_ties=sum(p.near_ties for _, p in parts),
-        first_mismatch=min(firsts) if firsts else None,
-        max_gap=max((p.max_gap for _, p in parts), default=0.0),
+def _sampling_batches(
+    engine: Engine, claims: list[SampleClaim], todo: list[int], settings: VerifySettings
+) -> tuple[dict[int, tuple[PrefillStates, SamplingCheck]], dict[int, str]]:
+    """The prefill states and sampling check of every claim in ``todo``, and why the check
+    could not run for the others (a malformed sample: a :class:`ProofError`'s message).
+
+    Positions of consecutive samples are gathered into batches of at most ``rows_per_chunk``
+    rows (a sample longer than that spans several), and each batch is one
+    :func:`check_positions` call on the logits' device; only the per-position gaps and near-tie
+    flags come back, and each sample's result is summarised once all its positions are in.
+    """
+    import numpy as np
+    import torch
+
+    budget = settings.rows_per_chunk(engine.info.vocab_size)
+    stream = engine.prefill_stream([(claims[i].prompt, claims[i].tokens) for i in todo])
+    states: dict[int, PrefillStates] = {}
+    gaps: dict[int, list[Any]] = {i: [] for i in todo}
+    nears: dict[int, list[Any]] = {i: [] for i in todo}
+    pending: list[tuple[int, int, int]] = []  # (claim, start, stop) of the open batch
+    done: dict[int, tuple[PrefillStates, SamplingCheck]] = {}
+    failed: dict[int, str] = {}
+
+    def flush() -> None:
+        if not pending:
+            return
+        parts = [states[i].logits(a, b) for i, a, b in pending]
+        logits = torch.cat([torch.as_tensor(p) for p in parts]) if len(parts) > 1 else parts[0]
+        tokens = [t for i, a, b in pending for t in claims[i].tokens[a:b]]
+        seeds = [claims[i].seed for i, a, b in pending for _ in range(a, b)]
+        samples = [claims[i].sample_index for i, a, b in pending for _ in range(a, b)]
+        steps = [t for _, a, b in pending for t in range(a, b)]
+        try:
+            pos = check_positions(
+                logits,
+                tokens,
+                seeds,
+                samples,
+                steps,
+                settings.temperature,
+                tolerance=settings.tie_tolerance,
+                sampler=settings.sampler,
+            )
+        except ProofError as exc:  # one bad sample must not sink its neighbours: one by one
+            if len({i for i, _, _ in pending}) == 1:
+                failed[pending[0][0]] = str(exc)
+                pending.clear()
+                return
+            batch = list(pending)
+            pending.clear()
+            for piece in batch:
+                pending.append(piece)
+                flush()
+            return
+        gap, near = pos.gap.cpu().numpy(), pos.near.cpu().numpy()
+        at = 0
+        for i, a, b in pending:
+            gaps[i].append(gap[at : at + b - a])
+            nears[i].append(near[at : at + b - a])
+            at += b - a
+        pending.clear()
+
+    def finish(i: int) -> None:
+        if i in failed:
+            return
+        g = np.concatenate(gaps.pop(i)) if gaps[i] else np.zeros(0, np.float32)
+        nr = np.concatenate(nears.pop(i)) if nears[i] else np.zeros(0, bool)
+        done[i] = (states.pop(i), summarize(g, nr, settings.tie_tolerance))
+
+    rows = 0
+    complete: list[int] = []
+    for i, st in zip(todo, stream, strict=True):
+        states[i] = st
+        n = len(claims[i].tokens)
+        start = 0
+        while start < n:
+            take = min(n - start, budget - rows)
+            pending.append((i, start, start + take))
+            rows += take
+            start += take
+            if rows >= budget:
+                flush()
+                rows = 0
+                for j in complete:
+                    finish(j)
+                complete.clear()
+        complete.append(i)
+    flush()
+    for j in complete:
+        finish(j)
+    return done, failed
+
+
+def _tolerance_verdict(
+    sampling: SamplingCheck, settings: VerifySettings
+) -> tuple[bool, str | None]:
+    """(hard, reason) when the sample holds more tolerated positions than the bound allows."""
+    allowed = settings.tolerated_allowed(sampling.n_tokens)
+    if allowed is None or sampling.tolerated <= allowed:
+        return False, None
+    hard = sampling.tolerated > allowed * settings.hard_factor
+    return hard, (
+        f"sampling: {sampling.tolerated} tolerated near-tie positions in {sampling.n_tokens}"
+        f" tokens exceed the bound of {allowed} (max_tolerated_per_1k="
+        f"{settings.max_tolerated_per_1k}; positions {list(sampling.tolerated_at[:8])})"
     )
 
 
@@ -188,41 +307,45 @@ def check_claims(
     engine: Engine, claims: list[SampleClaim], settings: VerifySettings
 ) -> list[SampleVerdict]:
     """Checks 1-3 of every claim, where the model is; one verdict per claim, in order."""
-    eos = engine.info.eos_id
-    rows = settings.rows_per_chunk(engine.info.vocab_size)
+    stops = engine.info.stop_ids
     verdicts: list[SampleVerdict | None] = [None] * len(claims)
     todo = []
     for i, c in enumerate(claims):
-        why = check_termination(c.tokens, c.finish_reason, settings.max_tokens, eos)
+        why = check_termination(c.tokens, c.finish_reason, settings.max_tokens, stops)
         if why is not None:
             verdicts[i] = SampleVerdict(False, True, [f"termination: {why}"])
         else:
             todo.append(i)
-    stream = engine.prefill_stream([(claims[i].prompt, claims[i].tokens) for i in todo])
-    for i, states in zip(todo, stream, strict=True):
-        c = claims[i]
+    checked, failed = _sampling_batches(engine, claims, todo, settings)
+    for i, why in failed.items():
+        verdicts[i] = SampleVerdict(False, True, [f"sampling: {why}"])
+    todo = [i for i in todo if i in checked]
+    proof_checks = verify_proofs_batch(
+        [checked[i][0].hidden for i in todo],
+        [list(claims[i].proofs) for i in todo],
+        settings.chunk_size,
+        settings.topk,
+    )
+    for i, proof_result in zip(todo, proof_checks, strict=True):
+        sampling = checked[i][1]
         reasons: list[str] = []
         hard = False
-        try:
-            sampling = _check_sampling_chunked(states, c, settings, rows)
-        except ProofError as exc:
-            verdicts[i] = SampleVerdict(False, True, [f"sampling: {exc}"])
-            continue
         if not sampling.ok:
             hard = True
             reasons.append(
                 f"sampling: {sampling.mismatches} of {sampling.n_tokens} tokens are not the "
                 f"seeded choice (first at {sampling.first_mismatch}, gap {sampling.max_gap:.3g})"
             )
+        over_hard, over = _tolerance_verdict(sampling, settings)
+        if over is not None:
+            hard = hard or over_hard
+            reasons.append(over)
         checks: list[ProofCheck] = []
-        try:
-            checks = verify_proofs(
-                states.hidden, list(c.proofs), settings.chunk_size, settings.topk
-            )
-        except ProofError as exc:
+        if isinstance(proof_result, ProofError):
             hard = True
-            reasons.append(f"proofs: {exc}")
+            reasons.append(f"proofs: {proof_result}")
         else:
+            checks = proof_result
             _, proof_hard, proof_reasons = _proof_verdict(
                 checks, settings.thresholds, settings.hard_factor
             )
@@ -244,6 +367,8 @@ def verify_samples(
     submission_mant_err_mean: float | None = None,
     chunk_size: int = CHUNK_SIZE,
     topk: int = TOPK,
+    sampler: str = GUMBEL_2,
+    max_tolerated_per_1k: int = 0,
 ) -> list[SampleVerdict]:
     """Verify ``claims`` with ``engine`` (the policy version they claim); one verdict each."""
     settings = VerifySettings(
@@ -254,6 +379,8 @@ def verify_samples(
         hard_factor,
         chunk_size,
         topk,
+        sampler=sampler,
+        max_tolerated_per_1k=max_tolerated_per_1k,
     )
     done = engine.verify(claims, settings)
     if submission_mant_err_mean is not None:
@@ -292,7 +419,9 @@ def verdict_to_wire(v: SampleVerdict) -> dict[str, Any]:
         "ok": v.ok,
         "hard": v.hard,
         "reasons": v.reasons,
-        "sampling": None if v.sampling is None else list(vars(v.sampling).values()),
+        "sampling": None
+        if v.sampling is None
+        else [getattr(v.sampling, k) for k in SAMPLING_FIELDS],
         "proofs": [[c.exp_mismatches, c.mant_err_mean, c.mant_err_median] for c in v.proofs],
     }
 
@@ -303,6 +432,12 @@ def verdict_from_wire(obj: dict[str, Any]) -> SampleVerdict:
         bool(obj["ok"]),
         bool(obj["hard"]),
         [str(r) for r in obj["reasons"]],
-        None if s is None else SamplingCheck(*s),
+        None if s is None else _sampling_from_wire(s),
         [ProofCheck(int(e), float(m), float(md)) for e, m, md in obj["proofs"]],
     )
+
+
+def _sampling_from_wire(s: list[Any]) -> SamplingCheck:
+    fields = dict(zip(SAMPLING_FIELDS, s, strict=False))
+    fields["tolerated_at"] = tuple(int(t) for t in fields.get("tolerated_at") or ())
+    return SamplingCheck(**fields)

@@ -5,36 +5,192 @@ The token at step ``t`` of sample ``j`` of a submission with seed ``s`` is::
     argmax_v  logits[v] / T + g[v],    g = gumbel(s, j, t)      (T > 0)
     argmax_v  logits[v]                                          (T == 0, greedy)
 
-``g`` comes from a counter-based generator on the CPU, never from a device RNG: numpy's Philox
-keyed by ``sha256(b"swarm-node/gumbel" | s | j | t)`` draws uniforms ``u`` in float64 and
-``g = -log(-log(u))``. The same (seed, sample, step) gives the same noise on every machine up
-to the last bits of libm's ``log``, which the tie tolerance below absorbs.
+The run genesis names the generator of ``g`` (``RunParams.sampler``):
+
+``gumbel-2`` (every run created since issue 24)
+    A counter-based generator in 32-bit integer arithmetic, so CPU and CUDA draw the same bits,
+    computed where the logits are, a whole batch of rows per call. ``docs/inference.md``
+    ("The gumbel-2 generator") specifies it for reimplementation; in short, with ``H`` the
+    32-bit mixer :func:`mix32` (Chris Wellons' ``lowbias32``) and ``^`` xor::
+
+        s0, s1 = sha256(b"swarm-node/gumbel-2\\0" | seed u64be | sample u64be)[0:8], two u32 LE
+        k0 = H(s0 ^ H(t));  k1 = H(s1 ^ H(t + 0x9E3779B9 mod 2**32))       (the row key)
+        x  = H(H(v ^ k0) ^ k1)                                            (entry v of the row)
+        u  = (2 * (x >> 9) + 1) * 2**-24      exactly representable in float32, in (0, 1)
+        g  = -log(-log(u))                    float32
+
+    Every integer step is exact in int64 tensors (a 32-bit product is taken with the multiplier
+    written in ``(-2**31, 2**31)``, so no product leaves int64; see :func:`_mul32_`), so the
+    uniforms ``u`` are the same bits on every device; only ``log`` may differ in its last ulp
+    between libms, which the tie tolerance absorbs.
+``gumbel-1`` (runs created before issue 24; kept so they still load and verify)
+    numpy's Philox keyed by ``sha256(b"swarm-node/gumbel" | s | j | t)`` draws float64 uniforms
+    on the CPU, one row at a time.
 
 A validator recomputes the logits by prefill (possibly at another precision) and calls
-:func:`check_sampling`. A token that is not the argmax of the recomputed scores is tolerated only
-where the best score exceeds the sampled token's score by at most ``tolerance`` (float noise
-between precisions); every such position is counted as a near-tie and reported, so a verdict can
-carry the numbers that decided it.
+:func:`check_positions` on a batch of positions (or :func:`check_sampling` on one sample). A
+token that is not the argmax of the recomputed scores is tolerated only where the best score
+exceeds the sampled token's score by at most ``tolerance`` (float noise between precisions);
+every such position is reported, and the caller bounds how many a sample may hold
+(``RunParams.max_tolerated_per_1k``), so a cheater cannot swap runner-ups at will.
 
-numpy is imported inside the functions (``swarm`` never imports numpy or torch at import time).
+numpy and torch are imported inside the functions (``swarm`` never imports them at import time).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from swarm.errors import ProofError
+from swarm.errors import ConfigError, ProofError
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
+    import torch
+
+GUMBEL_1 = "gumbel-1"
+GUMBEL_2 = "gumbel-2"
+SAMPLERS = (GUMBEL_1, GUMBEL_2)
+"""The samplers this version knows, oldest first; a genesis naming another is refused."""
 
 DEFAULT_TIE_TOLERANCE = 0.25
 """Largest score gap (in logits/T units) between the best and the sampled token that still counts
-as float noise. bf16 logits of the default model differ from fp32 by up to ~0.1; honest gaps
-below 0.25 are rare (a few per thousand tokens) and a forged token almost never lands there."""
+as float noise, when nothing narrower is known (the tolerance of every pre-issue-24 run)."""
+
+
+def check_sampler(name: str) -> str:
+    """``name`` if this version knows the sampler, else a :class:`ConfigError` saying so."""
+    if name not in SAMPLERS:
+        raise ConfigError(
+            f"sampler {name[:32]!r} is unknown to this swarm-node (it knows "
+            f"{', '.join(SAMPLERS)}): upgrade swarm-node to work on this run"
+        )
+    return name
+
+
+# -- gumbel-2: the integer generator --------------------------------------------------------------
+
+MASK32 = 0xFFFFFFFF
+_M1 = 0x7FEB352D
+_M2 = 0x846CA68B
+_GOLDEN = 0x9E3779B9
+_DOMAIN_2 = b"swarm-node/gumbel-2\0"
+
+
+def mix32(x: int) -> int:
+    """The 32-bit mixer ``H`` of gumbel-2 on one Python int (Wellons' ``lowbias32``)."""
+    x &= MASK32
+    x ^= x >> 16
+    x = (x * _M1) & MASK32
+    x ^= x >> 15
+    x = (x * _M2) & MASK32
+    x ^= x >> 16
+    return x
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def request_key(seed: int, sample: int) -> tuple[int, int]:
+    """``(s0, s1)`` of gumbel-2 for one (seed, sample index): computed once per sample."""
+    if not (0 <= seed < 1 << 64 and 0 <= sample < 1 << 64):
+        raise ProofError(f"seed {seed} and sample {sample} must lie in [0, 2**64)")
+    digest = hashlib.sha256(_DOMAIN_2 + seed.to_bytes(8, "big") + sample.to_bytes(8, "big"))
+    d = digest.digest()
+    return int.from_bytes(d[0:4], "little"), int.from_bytes(d[4:8], "little")
+
+
+def _signed32(m: int) -> int:
+    """``m`` (an odd u32) as the int in ``(-2**31, 2**31)`` congruent to it mod 2**32."""
+    return m - (1 << 32) if m >= 1 << 31 else m
+
+
+def _mul32_(x: torch.Tensor, m: int) -> torch.Tensor:
+    """``x = x * m mod 2**32`` in place, ``x`` holding u32 values in int64: with the multiplier
+    in ``(-2**31, 2**31)`` the product stays inside int64 (no overflow, no undefined bits), and
+    masking keeps the low 32 bits of its two's complement, the same on every device."""
+    return x.mul_(_signed32(m)).bitwise_and_(MASK32)
+
+
+def _mix32_(x: torch.Tensor) -> torch.Tensor:
+    """:func:`mix32` in place on an int64 tensor of u32 values (shifts of non-negative values)."""
+    x ^= x >> 16
+    _mul32_(x, _M1)
+    x ^= x >> 15
+    _mul32_(x, _M2)
+    x ^= x >> 16
+    return x
+
+
+NOISE_CHUNK_ENTRIES = {"cpu": 1 << 20, "cuda": 1 << 27}
+"""Entries (rows x vocab) of int64 work array per pass: small on the CPU, where a pass that fits
+in cache is twice as fast, large on a GPU, where one pass over the batch is what counts."""
+
+
+def _row_keys(keys: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """``[R, 2]`` row keys ``(k0, k1)`` from request keys ``[R, 2]`` and steps ``[R]`` (int64)."""
+    import torch
+
+    t = steps.bitwise_and(MASK32)
+    h0 = _mix32_(t.clone())
+    h1 = _mix32_((t + _GOLDEN).bitwise_and_(MASK32))
+    k0 = _mix32_(keys[:, 0] ^ h0)
+    k1 = _mix32_(keys[:, 1] ^ h1)
+    return torch.stack([k0, k1], 1)
+
+
+def _uniform_bits_into(out: torch.Tensor, vocab_ids: torch.Tensor, rk: torch.Tensor) -> None:
+    """``out[r, v] = H(H(v ^ k0[r]) ^ k1[r])`` for a block of rows (int64, u32 values)."""
+    out.copy_(vocab_ids[None, :])
+    out ^= rk[:, 0:1]
+    _mix32_(out)
+    out ^= rk[:, 1:2]
+    _mix32_(out)
+
+
+def gumbel2_uniform_bits(keys: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The u32 draws ``x`` of gumbel-2, ``[R, vocab]`` int64 (for tests and the spec)."""
+    import torch
+
+    rk = _row_keys(keys.to(torch.int64), steps.to(torch.int64))
+    ids = torch.arange(vocab, dtype=torch.int64, device=rk.device)
+    out = torch.empty((rk.shape[0], vocab), dtype=torch.int64, device=rk.device)
+    _uniform_bits_into(out, ids, rk)
+    return out
+
+
+def gumbel2_noise(
+    keys: torch.Tensor, steps: torch.Tensor, vocab: int, *, device: Any = None
+) -> torch.Tensor:
+    """Gumbel noise of gumbel-2, float32 ``[R, vocab]``, for request keys ``[R, 2]`` (u32 in
+    int64) and steps ``[R]``, computed on ``device`` (the keys' device by default) in passes of
+    at most ``NOISE_CHUNK_ENTRIES`` entries."""
+    import torch
+
+    dev = torch.device(device) if device is not None else keys.device
+    rk = _row_keys(keys.to(dev, torch.int64), steps.to(dev, torch.int64))
+    rows = rk.shape[0]
+    out = torch.empty((rows, vocab), dtype=torch.float32, device=dev)
+    if rows == 0:
+        return out
+    ids = torch.arange(vocab, dtype=torch.int64, device=dev)
+    per = max(1, NOISE_CHUNK_ENTRIES.get(dev.type, 1 << 24) // max(1, vocab))
+    work = torch.empty((min(per, rows), vocab), dtype=torch.int64, device=dev)
+    for start in range(0, rows, per):
+        stop = min(rows, start + per)
+        x = work[: stop - start]
+        _uniform_bits_into(x, ids, rk[start:stop])
+        x >>= 9
+        x.mul_(2).add_(1)  # 2 * (x >> 9) + 1 < 2**24: exact in float32
+        g = out[start:stop]
+        g.copy_(x)
+        g.mul_(2.0**-24).log_().neg_().log_().neg_()
+    return out
+
+
+# -- gumbel-1: numpy Philox on the CPU (runs created before issue 24) ----------------------------
 
 
 def _key(seed: int, sample: int, step: int) -> list[int]:
@@ -46,7 +202,7 @@ def _key(seed: int, sample: int, step: int) -> list[int]:
 
 
 def gumbel_noise(seed: int, sample: int, step: int, vocab: int) -> npt.NDArray[np.float64]:
-    """The Gumbel noise ``g`` of ``vocab`` entries for (seed, sample, step); float64."""
+    """gumbel-1's noise of ``vocab`` entries for (seed, sample, step); float64."""
     import numpy as np
 
     if vocab <= 0:
@@ -59,8 +215,8 @@ def gumbel_noise(seed: int, sample: int, step: int, vocab: int) -> npt.NDArray[n
 
 
 PARALLEL_NOISE_ENTRIES = 1 << 20
-"""Noise for more entries than this (rows x vocab) is drawn by a thread pool: numpy's Philox
-and ``log`` release the GIL, and at a 150k vocabulary the draw, not the model, dominates."""
+"""gumbel-1 noise for more entries than this (rows x vocab) is drawn by a thread pool: numpy's
+Philox and ``log`` release the GIL."""
 
 
 def noise_rows(keys: list[tuple[int, int, int]], vocab: int) -> npt.NDArray[np.float64]:
@@ -79,30 +235,143 @@ def noise_rows(keys: list[tuple[int, int, int]], vocab: int) -> npt.NDArray[np.f
         return np.stack(list(pool.map(lambda k: gumbel_noise(k[0], k[1], k[2], vocab), keys)))
 
 
-def _as_float64(x: Any, name: str) -> npt.NDArray[np.float64]:
-    import numpy as np
+# -- the sampler, either generator ---------------------------------------------------------------
 
-    if type(x).__module__.startswith("torch"):
-        x = x.detach().to("cpu").float().numpy()
+
+def _as_tensor(x: Any, name: str) -> torch.Tensor:
+    import numpy as np
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.detach()
+    if isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float64):
+        return torch.from_numpy(np.ascontiguousarray(x))
     try:
-        arr: npt.NDArray[np.float64] = np.asarray(x, dtype=np.float64)
+        return torch.from_numpy(np.ascontiguousarray(np.asarray(x, dtype=np.float64)))
     except (TypeError, ValueError) as exc:
         raise ProofError(f"{name} is not a numeric array: {exc}") from exc
-    return arr
 
 
-def sampling_scores(
-    logits: Any, seed: int, sample: int, step: int, temperature: float
-) -> npt.NDArray[np.float64]:
-    """``logits / T + g`` for one position (``logits`` when T == 0); float64 of shape [vocab]."""
-    row = _as_float64(logits, "logits")
-    if row.ndim != 1:
-        raise ProofError(f"logits of one position must be 1-D, got shape {row.shape}")
+def draw_noise(
+    seeds: Sequence[int],
+    samples: Sequence[int],
+    steps: Sequence[int] | torch.Tensor,
+    vocab: int,
+    *,
+    sampler: str = GUMBEL_2,
+    device: Any = "cpu",
+) -> torch.Tensor:
+    """The noise rows of (seed, sample, step) triples on ``device``: float32 for gumbel-2
+    (computed there), float64 for gumbel-1 (drawn on the CPU and copied)."""
+    import torch
+
+    check_sampler(sampler)
+    if vocab <= 0:
+        raise ProofError(f"vocab must be positive, got {vocab}")
+    if sampler == GUMBEL_1:
+        step_list = steps.tolist() if isinstance(steps, torch.Tensor) else list(steps)
+        rows = noise_rows(list(zip(seeds, samples, step_list, strict=True)), vocab)
+        return torch.from_numpy(rows).to(device)
+    keys = torch.tensor(
+        [request_key(int(s), int(j)) for s, j in zip(seeds, samples, strict=True)],
+        dtype=torch.int64,
+    ).reshape(-1, 2)
+    steps_t = steps if isinstance(steps, torch.Tensor) else torch.tensor(list(steps))
+    if steps_t.shape[0] != keys.shape[0]:
+        raise ProofError(f"{steps_t.shape[0]} steps for {keys.shape[0]} (seed, sample) rows")
+    return gumbel2_noise(keys.to(device), steps_t.to(device, torch.int64), vocab)
+
+
+def seeded_scores(
+    logits: Any,
+    seeds: Sequence[int],
+    samples: Sequence[int],
+    steps: Sequence[int] | torch.Tensor,
+    temperature: float,
+    *,
+    sampler: str = GUMBEL_2,
+) -> torch.Tensor:
+    """``logits / T + g`` of every row ``[R, vocab]`` (``logits`` when T == 0), on the logits'
+    device: float32 for gumbel-2, float64 for gumbel-1 (as that sampler always did)."""
+    import torch
+
+    rows = _as_tensor(logits, "logits")
+    if rows.ndim != 2:
+        raise ProofError(f"logits must be [rows, vocab], got shape {tuple(rows.shape)}")
     if temperature < 0:
         raise ProofError(f"temperature must be >= 0, got {temperature}")
+    wide = torch.float64 if check_sampler(sampler) == GUMBEL_1 else torch.float32
     if temperature == 0:
-        return row
-    return row / temperature + gumbel_noise(seed, sample, step, row.shape[0])
+        return rows.to(wide)
+    noise = draw_noise(seeds, samples, steps, rows.shape[1], sampler=sampler, device=rows.device)
+    return torch.div(rows.to(wide), temperature).add_(noise)
+
+
+def choose_tokens(
+    logits: Any,
+    seeds: Sequence[int],
+    samples: Sequence[int],
+    step: int,
+    temperature: float,
+    *,
+    sampler: str = GUMBEL_2,
+) -> torch.Tensor:
+    """One sampled token per row of ``logits`` [batch, vocab], an int64 tensor on the logits'
+    device (no copy to the host: the caller decides when it needs the ids)."""
+    rows = _as_tensor(logits, "logits")
+    if rows.ndim != 2 or rows.shape[0] != len(seeds) or len(seeds) != len(samples):
+        raise ProofError(
+            f"logits {tuple(rows.shape)} do not match {len(seeds)} seeds and {len(samples)} samples"
+        )
+    steps = [step] * len(seeds)
+    return seeded_scores(rows, seeds, samples, steps, temperature, sampler=sampler).argmax(1)
+
+
+class SeededRows:
+    """The (seed, sample) rows of a batch that decodes together, keyed once on ``device``.
+
+    :meth:`choose` picks each row's token of a step where the logits are: for gumbel-2 the
+    request keys live on the device and the noise of the whole batch is one computation there;
+    gumbel-1 (old runs) draws its noise on the CPU.
+    """
+
+    def __init__(
+        self, seeds: Sequence[int], samples: Sequence[int], *, sampler: str, device: Any
+    ) -> None:
+        import torch
+
+        if len(seeds) != len(samples):
+            raise ProofError(f"{len(seeds)} seeds for {len(samples)} samples")
+        self.sampler = check_sampler(sampler)
+        self.seeds, self.samples = list(seeds), list(samples)
+        self._keys = (
+            torch.tensor(
+                [request_key(int(s), int(j)) for s, j in zip(seeds, samples, strict=True)],
+                dtype=torch.int64,
+            )
+            .reshape(-1, 2)
+            .to(device)
+        )
+
+    def choose(self, logits: torch.Tensor, step: int, temperature: float) -> torch.Tensor:
+        """Tokens (int64 [rows], on the logits' device) of step ``step`` for ``logits``
+        [rows, vocab]: the seeded Gumbel-max choice (the argmax when T == 0)."""
+        import torch
+
+        if logits.ndim != 2 or logits.shape[0] != len(self.seeds):
+            raise ProofError(f"logits {tuple(logits.shape)} for {len(self.seeds)} rows")
+        if temperature < 0:
+            raise ProofError(f"temperature must be >= 0, got {temperature}")
+        if temperature == 0:
+            return logits.argmax(1)
+        if self.sampler == GUMBEL_1:
+            steps = [step] * len(self.seeds)
+            return seeded_scores(
+                logits, self.seeds, self.samples, steps, temperature, sampler=GUMBEL_1
+            ).argmax(1)
+        steps_t = torch.full((len(self.seeds),), step, dtype=torch.int64, device=logits.device)
+        noise = gumbel2_noise(self._keys, steps_t, logits.shape[1])
+        return torch.div(logits.float(), temperature).add_(noise).argmax(1)
 
 
 def sample_tokens(
@@ -111,27 +380,84 @@ def sample_tokens(
     samples: list[int],
     step: int,
     temperature: float,
+    *,
+    sampler: str = GUMBEL_2,
 ) -> list[int]:
-    """One sampled token per row of ``logits`` [batch, vocab] (numpy or torch, any float dtype)."""
-    import numpy as np
+    """:func:`choose_tokens` as a list of ints (numpy or torch logits, any float dtype)."""
+    return [
+        int(t) for t in choose_tokens(logits, seeds, samples, step, temperature, sampler=sampler)
+    ]
 
-    rows = _as_float64(logits, "logits")
-    if rows.ndim != 2 or rows.shape[0] != len(seeds) or len(seeds) != len(samples):
-        raise ProofError(
-            f"logits {rows.shape} do not match {len(seeds)} seeds and {len(samples)} samples"
-        )
-    if temperature < 0:
-        raise ProofError(f"temperature must be >= 0, got {temperature}")
-    if temperature == 0:
-        return [int(i) for i in np.argmax(rows, axis=1)]
-    keys = [(s, j, step) for s, j in zip(seeds, samples, strict=True)]
-    noise = noise_rows(keys, rows.shape[1])
-    return [int(i) for i in np.argmax(rows / temperature + noise, axis=1)]
+
+def sampling_scores(
+    logits: Any, seed: int, sample: int, step: int, temperature: float, *, sampler: str = GUMBEL_2
+) -> torch.Tensor:
+    """``logits / T + g`` for one position, shape [vocab]."""
+    row = _as_tensor(logits, "logits")
+    if row.ndim != 1:
+        raise ProofError(f"logits of one position must be 1-D, got shape {tuple(row.shape)}")
+    return seeded_scores(row[None], [seed], [sample], [step], temperature, sampler=sampler)[0]
+
+
+# -- the check -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PositionChecks:
+    """Per position of a batch (tensors of shape [N] on the logits' device)."""
+
+    gap: torch.Tensor
+    """best score - the sampled token's score (0 where the token is the argmax)."""
+    near: torch.Tensor
+    """bool: the two best scores are within the tolerance (whatever was sampled)."""
+
+
+def check_positions(
+    logits: Any,
+    tokens: Sequence[int] | torch.Tensor,
+    seeds: Sequence[int],
+    samples: Sequence[int],
+    steps: Sequence[int] | torch.Tensor,
+    temperature: float,
+    *,
+    tolerance: float,
+    sampler: str = GUMBEL_2,
+) -> PositionChecks:
+    """The score gap and near-tie flag of every position of a batch, in one pass on the
+    logits' device: row ``i`` of ``logits`` [N, vocab] produced ``tokens[i]`` at step
+    ``steps[i]`` of sample ``(seeds[i], samples[i])``.
+
+    Raises :class:`ProofError` on mismatched shapes or a token outside the vocabulary.
+    """
+    import torch
+
+    rows = _as_tensor(logits, "logits")
+    toks = torch.as_tensor(tokens, dtype=torch.int64).to(rows.device)
+    n = toks.shape[0]
+    if rows.ndim != 2 or rows.shape[0] != n:
+        raise ProofError(f"logits of shape {tuple(rows.shape)} do not match {n} tokens")
+    if tolerance < 0 or temperature < 0:
+        raise ProofError("tolerance and temperature must be >= 0")
+    if n == 0:
+        empty = torch.zeros(0, device=rows.device)
+        return PositionChecks(empty, empty.bool())
+    if int(toks.min()) < 0 or int(toks.max()) >= rows.shape[1]:
+        raise ProofError(f"a token id lies outside the vocabulary of {rows.shape[1]}")
+    scores = seeded_scores(rows, seeds, samples, steps, temperature, sampler=sampler)
+    scores = torch.nan_to_num(scores, nan=float("-inf"))
+    if scores.shape[1] > 1:
+        top2 = torch.topk(scores, 2, dim=1).values
+        best, near = top2[:, 0], (top2[:, 0] - top2[:, 1]) <= tolerance
+    else:
+        best, near = scores[:, 0], torch.zeros(n, dtype=torch.bool, device=rows.device)
+    chosen = scores.gather(1, toks[:, None])[:, 0]
+    gap = torch.nan_to_num(best - chosen, nan=0.0, posinf=1e30)
+    return PositionChecks(gap, near)
 
 
 @dataclass(frozen=True)
 class SamplingCheck:
-    """Result of :func:`check_sampling` with the numbers that decided it."""
+    """One sample's sampling check, with the numbers that decided it."""
 
     ok: bool
     n_tokens: int
@@ -144,6 +470,35 @@ class SamplingCheck:
     first_mismatch: int | None
     max_gap: float
     """Largest gap best - sampled over all positions (0.0 when every token is the argmax)."""
+    tolerated_at: tuple[int, ...] = field(default=())
+    """The positions (steps) of the tolerated tokens, in order: what a verdict records."""
+
+
+def summarize(
+    gap: npt.NDArray[np.float32] | Sequence[float],
+    near: Sequence[bool] | Any,
+    tolerance: float,
+    *,
+    first_step: int = 0,
+) -> SamplingCheck:
+    """One sample's :class:`SamplingCheck` from its positions' gaps and near-tie flags."""
+    import numpy as np
+
+    g = np.asarray(gap, dtype=np.float64)
+    off = g > 0
+    bad = g > tolerance
+    bad_idx = np.flatnonzero(bad)
+    tol_idx = np.flatnonzero(off & ~bad)
+    return SamplingCheck(
+        ok=not bool(bad.any()),
+        n_tokens=int(g.shape[0]),
+        mismatches=int(bad.sum()),
+        tolerated=int(tol_idx.size),
+        near_ties=int(np.count_nonzero(np.asarray(near))),
+        first_mismatch=int(bad_idx[0]) + first_step if bad_idx.size else None,
+        max_gap=float(g.max()) if g.size else 0.0,
+        tolerated_at=tuple(int(i) + first_step for i in tol_idx),
+    )
 
 
 def check_sampling(
@@ -155,47 +510,24 @@ def check_sampling(
     sample: int = 0,
     tolerance: float = DEFAULT_TIE_TOLERANCE,
     first_step: int = 0,
+    sampler: str = GUMBEL_2,
 ) -> SamplingCheck:
-    """Check that every token is the seeded Gumbel-max choice of the validator's ``logits``.
+    """Check that every token of one sample is the seeded Gumbel-max choice of ``logits``.
 
     ``logits`` is [n_tokens, vocab]: row ``t`` is the distribution that produced ``tokens[t]``,
-    the token of step ``first_step + t`` (a chunk of a longer sample starts past 0; positions
-    in the result, such as ``first_mismatch``, count from the chunk's first row).
+    the token of step ``first_step + t``. Positions in the result count from ``first_step``.
     Raises :class:`ProofError` on mismatched shapes or a token outside the vocabulary.
     """
-    import numpy as np
-
-    rows = _as_float64(logits, "logits")
     n = len(tokens)
-    if rows.ndim != 2 or rows.shape[0] != n:
-        raise ProofError(f"logits of shape {rows.shape} do not match {n} tokens")
-    if tolerance < 0 or temperature < 0:
-        raise ProofError("tolerance and temperature must be >= 0")
-    if n == 0:
-        return SamplingCheck(True, 0, 0, 0, 0, None, 0.0)
-    toks = np.asarray(tokens, dtype=np.int64)
-    if toks.min() < 0 or toks.max() >= rows.shape[1]:
-        raise ProofError(f"a token id lies outside the vocabulary of {rows.shape[1]}")
-    if temperature == 0:
-        scores = rows
-    else:
-        noise = noise_rows([(seed, sample, first_step + t) for t in range(n)], rows.shape[1])
-        scores = rows / temperature + noise
-    scores = np.where(np.isnan(scores), -np.inf, scores)
-    best = np.max(scores, axis=1)
-    chosen = scores[np.arange(n), toks]
-    gap = best - chosen
-    top2 = np.partition(scores, -2, axis=1)[:, -2:] if rows.shape[1] > 1 else None
-    near = int(np.count_nonzero(top2[:, 1] - top2[:, 0] <= tolerance)) if top2 is not None else 0
-    off = gap > 0
-    bad = gap > tolerance
-    bad_idx = np.flatnonzero(bad)
-    return SamplingCheck(
-        ok=not bool(bad.any()),
-        n_tokens=n,
-        mismatches=int(bad.sum()),
-        tolerated=int(np.count_nonzero(off & ~bad)),
-        near_ties=near,
-        first_mismatch=int(bad_idx[0]) if bad_idx.size else None,
-        max_gap=float(np.nan_to_num(gap.max(), posinf=1e30)),
+    checks = check_positions(
+        logits,
+        tokens,
+        [seed] * n,
+        [sample] * n,
+        list(range(first_step, first_step + n)),
+        temperature,
+        tolerance=tolerance,
+        sampler=sampler,
     )
+    result = summarize(checks.gap.cpu().numpy(), checks.near.cpu().numpy(), tolerance)
+    return result

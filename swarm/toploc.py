@@ -306,30 +306,57 @@ def verify_proofs(
     The number of proofs must equal the number of chunks; :class:`ProofError` otherwise, and for
     malformed proofs or hidden states.
     """
+    result = verify_proofs_batch([hidden], [proofs], chunk_size, topk)[0]
+    if isinstance(result, ProofError):
+        raise result
+    return result
+
+
+def verify_proofs_batch(
+    hiddens: list[Any],
+    proofs: list[list[bytes]],
+    chunk_size: int = CHUNK_SIZE,
+    topk: int = TOPK,
+) -> list[list[ProofCheck] | ProofError]:
+    """:func:`verify_proofs` for many samples: one polynomial evaluation over every chunk of
+    every sample (a submission's proofs in one pass). Each sample's entry is its checks, or the
+    :class:`ProofError` that made its proofs uncheckable (the others are still checked)."""
     import numpy as np
 
     if topk <= 0:
         raise ProofError(f"topk must be positive, got {topk}")
-    chunks = _chunks(to_bf16_bits(hidden), chunk_size)
-    if not isinstance(proofs, list | tuple) or len(proofs) != len(chunks):
-        n = len(proofs) if isinstance(proofs, list | tuple) else "no list of"
-        raise ProofError(f"{n} proofs for {len(chunks)} chunks of {chunk_size} tokens")
-    if not chunks:
-        return []
-    parsed = [parse_proof(p, topk) for p in proofs]
-    mine = [(_topk(flat, topk), flat) for flat in chunks]
-    x = np.stack([idx % m for (idx, _), (m, _) in zip(mine, parsed, strict=True)])
-    coeffs = np.stack([c for _, c in parsed])
-    claimed = _evaluate(coeffs, x).astype(np.uint16)
-    own = np.stack([flat[idx] for idx, flat in mine])
+    out: list[list[ProofCheck] | ProofError] = []
+    rows: list[tuple[int, int, U16, I64]] = []  # (sample, modulus, own chunk, own top-k)
+    coeff_rows: list[I64] = []
+    for i, (hidden, sample_proofs) in enumerate(zip(hiddens, proofs, strict=True)):
+        try:
+            chunks = _chunks(to_bf16_bits(hidden), chunk_size)
+            if not isinstance(sample_proofs, list | tuple) or len(sample_proofs) != len(chunks):
+                n = len(sample_proofs) if isinstance(sample_proofs, list | tuple) else "no list of"
+                raise ProofError(f"{n} proofs for {len(chunks)} chunks of {chunk_size} tokens")
+            parsed = [parse_proof(p, topk) for p in sample_proofs]
+            mine = [(flat, _topk(flat, topk)) for flat in chunks]
+        except ProofError as exc:
+            out.append(exc)
+            continue
+        out.append([])
+        for (m, coeffs), (flat, idx) in zip(parsed, mine, strict=True):
+            rows.append((i, m, flat, idx))
+            coeff_rows.append(coeffs)
+    if not rows:
+        return out
+    x = np.stack([idx % m for _, m, _, idx in rows])
+    claimed = _evaluate(np.stack(coeff_rows), x).astype(np.uint16)
+    own = np.stack([flat[idx] for _, _, flat, idx in rows])
     exp_mismatch = ((claimed & 0x7F80) >> 7) != ((own & 0x7F80) >> 7)
     mant_err = np.abs((claimed & 0x7F).astype(np.int64) - (own & 0x7F).astype(np.int64))
-    results = []
-    for row_mismatch, row_err in zip(exp_mismatch, mant_err, strict=True):
+    for (i, _, _, _), row_mismatch, row_err in zip(rows, exp_mismatch, mant_err, strict=True):
         errs = np.sort(row_err[~row_mismatch])
         if errs.size:
             mean, median = float(errs.mean()), float(errs[errs.size // 2])
         else:
             mean = median = NO_MATCH_ERROR
-        results.append(ProofCheck(int(row_mismatch.sum()), mean, median))
-    return results
+        checks = out[i]
+        assert isinstance(checks, list)
+        checks.append(ProofCheck(int(row_mismatch.sum()), mean, median))
+    return out

@@ -48,6 +48,7 @@ from node.verify import (
     verdict_to_wire,
 )
 from swarm.errors import EngineError, SwarmError
+from swarm.sampling import GUMBEL_2
 
 MAX_FRAME = 256 * 1024 * 1024
 _ROOT = str(Path(__file__).resolve().parents[2])
@@ -257,6 +258,7 @@ class ChildEngine(FramedChild, Engine):
     def _start(self) -> None:
         self._spawn()
         info = self._call("init", self._spec)
+        info["eos_ids"] = tuple(info.get("eos_ids") or ())
         self.info = EngineInfo(**info)
         if self._weights is not None:
             self._call("load_weights", {"path": self._weights})
@@ -273,6 +275,8 @@ class ChildEngine(FramedChild, Engine):
         temperature: float,
         max_tokens: int,
         sample_indices: list[int] | None = None,
+        *,
+        sampler: str = GUMBEL_2,
     ) -> list[Generation]:
         args = {
             "prompts": prompts,
@@ -280,6 +284,7 @@ class ChildEngine(FramedChild, Engine):
             "temperature": float(temperature),
             "max_tokens": max_tokens,
             "sample_indices": sample_indices,
+            "sampler": sampler,
         }
         result = self._call("generate", args)
         if not isinstance(result, list):
@@ -375,6 +380,7 @@ def _serve(engine: Engine | None, op: str, args: dict[str, Any]) -> tuple[Engine
             args["temperature"],
             args["max_tokens"],
             args.get("sample_indices"),
+            sampler=str(args.get("sampler", GUMBEL_2)),
         )
         return engine, [generation_to_wire(g) for g in gens]
     if op == "prefill_batch":

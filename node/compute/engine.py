@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from swarm.errors import EngineError
+from swarm.sampling import GUMBEL_2
 
 if TYPE_CHECKING:  # numpy only in annotations: the main process never loads it (~20 MiB)
     import numpy as np
@@ -87,8 +88,18 @@ class EngineInfo:
     vocab_size: int
     hidden_size: int
     eos_id: int
+    """The model's first EOS id (what a tokenizer appends); generation stops on any of
+    :attr:`stop_ids`."""
     pad_id: int
     dtype: str
+    eos_ids: tuple[int, ...] = ()
+    """The model's whole stop set (:func:`node.model.loading.model_info`); empty means
+    ``(eos_id,)``."""
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """Every id that ends a sample: both engines stop on it, the checks read it."""
+        return frozenset(self.eos_ids or (self.eos_id,))
 
 
 class Engine(abc.ABC):
@@ -111,8 +122,12 @@ class Engine(abc.ABC):
         temperature: float,
         max_tokens: int,
         sample_indices: list[int] | None = None,
+        *,
+        sampler: str = GUMBEL_2,
     ) -> list[Generation]:
-        """Sample one completion per prompt; ``sample_indices`` default to ``0..len-1``."""
+        """Sample one completion per prompt with the run's seeded ``sampler``
+        (:mod:`swarm.sampling`); ``sample_indices`` default to ``0..len-1``. A completion ends
+        on any id of :attr:`EngineInfo.stop_ids` ("stop") or at ``max_tokens`` ("length")."""
 
     @abc.abstractmethod
     def prefill(self, prompt: list[int], tokens: list[int]) -> Prefill:

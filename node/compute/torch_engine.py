@@ -2,16 +2,21 @@
 
 Generation left-pads the batch (attention mask plus explicit position ids, so padding changes
 nothing), runs the decoder body to get the post-norm hidden states (``last_hidden_state`` of a
-transformers decoder is after the final norm), applies the LM head itself, and samples on the CPU
-with :func:`swarm.sampling.sample_tokens`. Prefill runs prompt + tokens[:-1] in one pass.
+transformers decoder is after the final norm), applies the LM head itself, and picks each step's
+tokens where the logits are with the run's seeded sampler (:class:`swarm.sampling.SeededRows`:
+gumbel-2 noise is drawn on the device for the whole batch; only gumbel-1, the sampler of old runs,
+copies logits to the CPU). A row stops on any id of the model's stop set
+(:attr:`EngineInfo.stop_ids <node.compute.engine.EngineInfo.stop_ids>`). Prefill runs prompt +
+tokens[:-1] in one pass.
 
 Devices and precision: the model runs on ``device`` (``cpu``, ``cuda``, ``cuda:N``) in
-``dtype`` (float32 or bfloat16); on CUDA the whole batch of a submission decodes together in
-bf16 with the KV cache on the GPU, and only the last position's logits of each step come back
-to the CPU for the seeded choice. Validator prefills stream (:meth:`TorchEngine.prefill_stream`)
-in micro-batches of at most :data:`PREFILL_TOKENS` tokens and keep each sample's post-norm
-hidden states on the device; the LM head runs on the chunk of positions the sampling check asks
-for, so full-vocabulary logits of a whole sample never exist at once.
+``dtype`` (float32 or bfloat16); on CUDA the whole batch of a submission decodes together with the
+KV cache on the GPU; what comes to the host each step is the batch's token ids (one small copy,
+for the stop check), and the hidden states of the proofs once, at the end. Validator prefills
+stream (:meth:`TorchEngine.prefill_stream`) in micro-batches of at most :data:`PREFILL_TOKENS`
+tokens and keep each sample's post-norm hidden states on the device; the LM head runs on the
+chunk of positions the sampling check asks for, and the logits stay on the device for it, so
+full-vocabulary logits of a whole sample never exist at once.
 """
 
 from __future__ import annotations
@@ -24,11 +29,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from node.compute.engine import Engine, EngineInfo, Generation, Prefill, PrefillStates
+from node.compute.engine import (
+    Engine,
+    EngineInfo,
+    FinishReason,
+    Generation,
+    Prefill,
+    PrefillStates,
+)
 from node.model.loading import load_causal_lm, load_weights_into, model_info
 from node.model.text import ModelText
 from swarm.errors import ConfigError, EngineError
-from swarm.sampling import sample_tokens
+from swarm.sampling import GUMBEL_2, SeededRows
 
 
 def bf16_bits(t: torch.Tensor) -> np.ndarray:
@@ -50,10 +62,10 @@ class _HeadStates(PrefillStates):
         self._hs = hs
         self.hidden = bf16_bits(hs)
 
-    def logits(self, start: int, stop: int) -> np.ndarray:
+    def logits(self, start: int, stop: int) -> Any:
+        """float32 logits of positions ``start..stop-1`` as a tensor on the model's device."""
         with torch.inference_mode():
-            out: np.ndarray = self._head(self._hs[start:stop]).float().cpu().numpy()
-        return out
+            return self._head(self._hs[start:stop]).float()
 
 
 class TorchEngine(Engine):
@@ -68,12 +80,16 @@ class TorchEngine(Engine):
         dtype: str = "float32",
         device: str = "cpu",
         text: ModelText | None = None,
+        eos_ids: tuple[int, ...] = (),
     ) -> None:
         self.model = model.eval()
         self.device = device
         self.text = text
         cfg = model.config
-        self.info = EngineInfo(int(cfg.vocab_size), int(cfg.hidden_size), eos_id, pad_id, dtype)
+        self.info = EngineInfo(
+            int(cfg.vocab_size), int(cfg.hidden_size), eos_id, pad_id, dtype, tuple(eos_ids)
+        )
+        self._stops = torch.tensor(sorted(self.info.stop_ids), device=device)
         self._body = model.get_decoder()
         self._head = model.get_output_embeddings()
         params = inspect.signature(self._body.forward).parameters
@@ -94,7 +110,13 @@ class TorchEngine(Engine):
         text = ModelText(path, chat_template=chat_template)
         model = load_causal_lm(path, dtype=dtype, device=device)
         return cls(
-            model, eos_id=info.eos_id, pad_id=info.pad_id, dtype=dtype, device=device, text=text
+            model,
+            eos_id=info.eos_id,
+            pad_id=info.pad_id,
+            dtype=dtype,
+            device=device,
+            text=text,
+            eos_ids=info.eos_ids,
         )
 
     def load_weights(self, path: str) -> None:
@@ -114,6 +136,8 @@ class TorchEngine(Engine):
         temperature: float,
         max_tokens: int,
         sample_indices: list[int] | None = None,
+        *,
+        sampler: str = GUMBEL_2,
     ) -> list[Generation]:
         from transformers import DynamicCache
 
@@ -125,6 +149,7 @@ class TorchEngine(Engine):
             return []
         if max_tokens <= 0 or any(len(p) == 0 for p in prompts):
             raise ConfigError("generate needs max_tokens > 0 and non-empty prompts")
+        rows = SeededRows(seeds, samples, sampler=sampler, device=self.device)
         width = max(len(p) for p in prompts)
         pad = self.info.pad_id
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
@@ -133,44 +158,37 @@ class TorchEngine(Engine):
         )
         pos = (mask.cumsum(1) - 1).clamp(min=0)
         cache = DynamicCache()
-        tokens: list[list[int]] = [[] for _ in range(n)]
-        hidden: list[list[np.ndarray]] = [[] for _ in range(n)]
-        done = [False] * n
+        picked: list[torch.Tensor] = []  # [n] token ids per step, on the device
+        states: list[torch.Tensor] = []  # [n, hidden] bf16 per step, on the device
+        done = torch.zeros(n, dtype=torch.bool, device=self.device)
         try:
             out = self._forward(ids, mask, pos, cache)
             for step in range(max_tokens):
                 h = out.last_hidden_state[:, -1]
-                logits = self._head(h).float()
-                nxt = sample_tokens(logits, seeds, samples, step, temperature)
-                h_bits = bf16_bits(h)
-                for i in range(n):
-                    if done[i]:
-                        continue
-                    tokens[i].append(nxt[i])
-                    hidden[i].append(h_bits[i])
-                    if nxt[i] == self.info.eos_id:
-                        done[i] = True
-                if all(done) or step == max_tokens - 1:
+                nxt = rows.choose(self._head(h), step, temperature)
+                picked.append(nxt)
+                states.append(h.to(torch.bfloat16))
+                done |= torch.isin(nxt, self._stops)
+                if step == max_tokens - 1 or bool(done.all()):
                     break
-                feed = nxt  # finished rows keep decoding; their output is ignored
+                # finished rows keep decoding; their output is cut at their stop id below
                 mask = torch.cat(
                     [mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], 1
                 )
                 pos = pos[:, -1:] + 1
-                out = self._forward(
-                    torch.tensor(feed, device=self.device)[:, None], mask, pos, cache
-                )
+                out = self._forward(nxt[:, None], mask, pos, cache)
         except RuntimeError as exc:
             raise EngineError(f"generation failed: {exc}") from exc
-        d = self.info.hidden_size
-        return [
-            Generation(
-                tokens[i],
-                "stop" if tokens[i] and tokens[i][-1] == self.info.eos_id else "length",
-                np.stack(hidden[i]) if hidden[i] else np.zeros((0, d), np.uint16),
-            )
-            for i in range(n)
-        ]
+        tokens = torch.stack(picked, 1).cpu().tolist()
+        hidden = bf16_bits(torch.stack(states, 1))  # [n, steps, hidden]
+        results = []
+        for i in range(n):
+            row = tokens[i]
+            end = next((t + 1 for t, tok in enumerate(row) if tok in self.info.stop_ids), None)
+            keep = len(row) if end is None else end
+            finish: FinishReason = "length" if end is None else "stop"
+            results.append(Generation(row[:keep], finish, hidden[i, :keep]))
+        return results
 
     def prefill(self, prompt: list[int], tokens: list[int]) -> Prefill:
         return self.prefill_batch([(prompt, tokens)])[0]

@@ -54,6 +54,9 @@ class ModelInfo:
     hidden_size: int
     eos_id: int
     pad_id: int
+    eos_ids: tuple[int, ...] = ()
+    """The stop set, ``eos_id`` first: every id of generation_config.json's ``eos_token_id``,
+    then config.json's, then the chat template's end-of-turn token (:func:`stop_ids`)."""
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -76,11 +79,104 @@ def _first_id(*values: Any) -> int | None:
     return None
 
 
+def _all_ids(value: Any) -> list[int]:
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+END_OF_TURN_PROBE = "swarm-node-end-of-turn-probe"
+"""Assistant content rendered through a chat template to find what follows an assistant turn."""
+
+
+def _special_tokens(p: Path) -> dict[str, int]:
+    """Content -> id of every special added token (tokenizer.json, then tokenizer_config.json)."""
+    out: dict[str, int] = {}
+    for t in _read_json(p / "tokenizer.json").get("added_tokens") or []:
+        if isinstance(t, dict) and t.get("special") and isinstance(t.get("id"), int):
+            out.setdefault(str(t.get("content")), int(t["id"]))
+    decoder = _read_json(p / "tokenizer_config.json").get("added_tokens_decoder") or {}
+    for key, t in decoder.items() if isinstance(decoder, dict) else ():
+        if isinstance(t, dict) and t.get("special") and str(key).isdigit():
+            out.setdefault(str(t.get("content")), int(key))
+    return out
+
+
+def _token_text(value: Any) -> str:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+def end_of_turn_id(path: str | Path) -> int | None:
+    """The special token that ends an assistant turn in the model's chat template, or None.
+
+    The template (``tokenizer_config.json``) is rendered with jinja2's sandbox, as transformers
+    renders it, for a user turn and an assistant turn whose content is a probe; the special
+    token that starts the text right after the probe (whitespace skipped) ends the turn:
+    ``<|im_end|>`` for ChatML, ``<|eot_id|>`` for Llama-3, ``<end_of_turn>`` for Gemma. A
+    template that does not render, or puts no special token there, names none.
+    """
+    p = Path(path)
+    cfg = _read_json(p / "tokenizer_config.json")
+    template = cfg.get("chat_template")
+    if isinstance(template, list):  # named templates: the default one
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    if not isinstance(template, str) or not template:
+        return None
+    specials = _special_tokens(p)
+    if not specials:
+        return None
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: "1 Jan 2026"
+    messages = [
+        {"role": "user", "content": "question"},
+        {"role": "assistant", "content": END_OF_TURN_PROBE},
+    ]
+    try:
+        text = env.from_string(template).render(
+            messages=messages,
+            add_generation_prompt=False,
+            bos_token=_token_text(cfg.get("bos_token")),
+            eos_token=_token_text(cfg.get("eos_token")),
+        )
+    except Exception:  # any template failure just means "no end of turn known"
+        return None
+    at = text.rfind(END_OF_TURN_PROBE)
+    if at < 0:
+        return None
+    rest = text[at + len(END_OF_TURN_PROBE) :].lstrip()
+    matches = [c for c in specials if c and rest.startswith(c)]
+    return specials[max(matches, key=len)] if matches else None
+
+
+def stop_ids(path: str | Path, cfg: dict[str, Any] | None = None) -> tuple[int, ...]:
+    """The model's stop set, in order, without repeats: generation_config.json's
+    ``eos_token_id`` (an id or a list), config.json's, then :func:`end_of_turn_id`."""
+    p = Path(path)
+    gen = _read_json(p / "generation_config.json")
+    cfg = _read_json(p / "config.json") if cfg is None else cfg
+    ids = [*_all_ids(gen.get("eos_token_id")), *_all_ids(cfg.get("eos_token_id"))]
+    turn = end_of_turn_id(p)
+    if turn is not None:
+        ids.append(turn)
+    return tuple(dict.fromkeys(ids))
+
+
 def model_info(path: str | Path) -> ModelInfo:
     """Read ``config.json`` of a local model directory; :class:`ConfigError` if unusable.
 
     EOS and PAD come from the model's files: ``generation_config.json`` first (what the model
-    was released to generate with), then ``config.json``; PAD falls back to EOS.
+    was released to generate with), then ``config.json``; PAD falls back to EOS. The stop set
+    (:func:`stop_ids`) adds every other EOS id those files list and the chat template's end of
+    turn; an id outside the vocabulary is a :class:`ConfigError`.
     """
     p = Path(path)
     cfg_path = p / "config.json"
@@ -103,9 +199,18 @@ def model_info(path: str | Path) -> ModelInfo:
     pad_id = _first_id(gen.get("pad_token_id"), cfg.get("pad_token_id"))
     pad_id = eos_id if pad_id is None else pad_id
     try:
-        return ModelInfo(str(p), int(cfg["vocab_size"]), int(cfg["hidden_size"]), eos_id, pad_id)
+        vocab, hidden = int(cfg["vocab_size"]), int(cfg["hidden_size"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{cfg_path} lacks vocab_size/hidden_size ({exc})") from exc
+    stops = stop_ids(p, cfg)
+    outside = [i for i in stops if not 0 <= i < vocab]
+    if outside:
+        raise ConfigError(
+            f"{p} names EOS id {outside[0]} outside its vocabulary of {vocab} (in "
+            "generation_config.json, config.json or the chat template's end of turn); fix the "
+            "eos_token_id there or use the model's own files"
+        )
+    return ModelInfo(str(p), vocab, hidden, eos_id, pad_id, stops)
 
 
 def tokenizer_size(path: str | Path) -> int:

@@ -10,8 +10,9 @@ Decisions this module owns:
   prompt appended (``add_generation_prompt=True``) when the run asks for the template
   (``ModelSpec.chat_template``, read by :func:`chat_template_wanted`); otherwise the
   plain text with the tokenizer's own special tokens (the byte model prepends BOS).
-- A completion decodes up to its first EOS with special tokens skipped; bytes that are not
-  valid UTF-8 decode with replacement characters (a model may emit any token).
+- A completion decodes up to its first stop id (any id of the model's stop set) with special
+  tokens skipped; bytes that are not valid UTF-8 decode with replacement characters (a model
+  may emit any token).
 - EOS and PAD come from the model's files (:func:`node.model.loading.model_info`:
   generation_config.json, then config.json, then the tokenizer's own).
 - A tokenizer with more ids than the model's ``vocab_size`` does not belong to the model, and a
@@ -69,6 +70,7 @@ class ModelText:
         self.tokenizer = tok
         self.chat_template = chat_template
         self.eos_id = info.eos_id
+        self.stop_ids = frozenset(info.eos_ids or (info.eos_id,))
         self.pad_id = info.pad_id
 
     def encode_prompt(self, text: str) -> list[int]:
@@ -86,7 +88,8 @@ class ModelText:
         return [self.encode_prompt(t) for t in texts]
 
     def decode(self, tokens: list[int]) -> str:
-        """Text of a completion up to its first EOS, special tokens skipped."""
-        if self.eos_id in tokens:
-            tokens = tokens[: tokens.index(self.eos_id)]
+        """Text of a completion up to its first stop id, special tokens skipped."""
+        end = next((i for i, t in enumerate(tokens) if t in self.stop_ids), None)
+        if end is not None:
+            tokens = tokens[:end]
         return str(self.tokenizer.decode(tokens, skip_special_tokens=True))

@@ -23,6 +23,8 @@ class Rollout:
     assignment: Assignment
     prompts: list[list[int]]
     generations: list[list[Generation]]
+    dtype: str = ""
+    """The engine's precision, which the submission declares."""
 
 
 def sample_index(prompt_position: int, member: int, group_size: int) -> int:
@@ -43,9 +45,10 @@ def generate_groups(
         params.temperature,
         params.max_tokens,
         sample_indices=indices,
+        sampler=params.sampler,
     )
     groups = [flat[i * g : (i + 1) * g] for i in range(len(prompts))]
-    return Rollout(assignment, prompts, groups)
+    return Rollout(assignment, prompts, groups, engine.info.dtype)
 
 
 def score_samples(

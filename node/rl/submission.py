@@ -32,4 +32,5 @@ def build_submission(
         prompt_ids=tuple(ids),
         samples=samples,
         created_at=int(time.time() * 1000) if created_at is None else created_at,
+        dtype=rollout.dtype,
     )

@@ -67,9 +67,12 @@ class RolloutSubmission:
     prompt_ids: tuple[str, ...]
     samples: tuple[Sample, ...]
     created_at: int
+    dtype: str = ""
+    """The precision the worker generated in (``float32`` or ``bfloat16``; empty in submissions
+    made before issue 24): the validator's sampling tolerance follows it and its own."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "run_id": self.run_id,
             "policy_version": self.policy_version,
             "counter": self.counter,
@@ -77,6 +80,9 @@ class RolloutSubmission:
             "samples": [s.to_wire() for s in self.samples],
             "created_at": self.created_at,
         }
+        if self.dtype:  # written only when set, so an older submission encodes as before
+            out["dtype"] = self.dtype
+        return out
 
     @classmethod
     def from_wire(cls, f: Fields) -> Self:
@@ -87,7 +93,17 @@ class RolloutSubmission:
             prompt_ids=f.seq("prompt_ids", typed(str, "prompt_ids")),
             samples=f.items("samples", Sample.from_wire),
             created_at=f.integer("created_at", minimum=0),
+            dtype=_dtype(f.text("dtype", "")),
         )
+
+
+DTYPES = ("float32", "bfloat16")
+
+
+def _dtype(value: str) -> str:
+    if value and value not in DTYPES:
+        raise MalformedError(f"dtype {value[:16]!r} is not one of {', '.join(DTYPES)}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Self
 from swarm.errors import ConfigError, MalformedError
 from swarm.identity import public_from_peer_id
 from swarm.messages._base import Fields, Signed, typed
+from swarm.sampling import SAMPLERS
 from swarm.wire import canonical
 
 
@@ -57,6 +58,21 @@ class RunParams:
     rejudge_share: float = 0.05
     """The share of other validators' accepted work each validator judges again (0 = off, 1 =
     all); a disagreement becomes a signed dispute that the audit settles by replay."""
+    sampler: str = "gumbel-2"
+    """The seeded sampler (:mod:`swarm.sampling`): ``gumbel-2`` (integer noise, the same bits on
+    every device) or ``gumbel-1`` (numpy Philox on the CPU; every genesis made before issue 24)."""
+    quota: int = 64
+    """Requests per worker per policy version: a worker's counters lie in ``[0, quota)`` and the
+    assignment mixes the version's manifest id (0 = unbounded counters and the assignment of
+    runs made before issue 24)."""
+    tie_tol_fp32: float = 0.01
+    """Sampling check: the largest score gap (logits/T units) tolerated between the validator's
+    best token and the sampled one when worker and validator both ran float32."""
+    tie_tol_bf16: float = 0.25
+    """The same when either side ran bfloat16 (bf16 logits differ from float32 by up to ~0.1)."""
+    max_tolerated_per_1k: int = 30
+    """Tolerated positions a sample may hold per 1,000 tokens (counted as if the sample had at
+    least 1,000 tokens); above it the sample is rejected (0 = no bound)."""
 
     # Keys this version does not know are kept (and re-signed unchanged) but not interpreted.
     extra: Mapping[str, int | str | bool] = field(default_factory=dict)
@@ -77,6 +93,11 @@ class RunParams:
         if self.rejudge_share > 1:
             raise ConfigError(
                 f"run parameter rejudge_share is a share in [0, 1], not {self.rejudge_share}"
+            )
+        if self.sampler not in SAMPLERS:
+            raise ConfigError(
+                f"the run uses sampler {self.sampler[:32]!r}, which this swarm-node does not know"
+                f" (it knows {', '.join(SAMPLERS)}): upgrade swarm-node to join this run"
             )
 
     def to_wire(self) -> dict[str, int | str | bool]:
@@ -104,6 +125,17 @@ class RunParams:
         return cls(**kwargs, extra=extra)
 
 
+LEGACY_PARAMS: Mapping[str, int | str] = {
+    "sampler": "gumbel-1",
+    "quota": 0,
+    "tie_tol_fp32": "0.25",
+    "tie_tol_bf16": "0.25",
+    "max_tolerated_per_1k": 0,
+}
+"""What a genesis signed before issue 24 meant by leaving these keys out: the numpy sampler, one
+tolerance of 0.25 at every precision, no near-tie bound, unbounded counters."""
+
+
 def _parse_param(key: str, annotation: Any, value: Any, *, strings: bool) -> Any:
     wanted = str(annotation)
     try:
@@ -115,6 +147,10 @@ def _parse_param(key: str, annotation: Any, value: Any, *, strings: bool) -> Any
             if strings and isinstance(value, str):
                 return int(value)
             if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError
+            return value
+        if wanted == "str":
+            if not isinstance(value, str) or len(value) > 64:
                 raise TypeError
             return value
     except (TypeError, ValueError) as exc:
@@ -263,6 +299,6 @@ class RunGenesis:
             task_seed=f.integer("task_seed"),
             trainers=f.seq("trainers", typed(str, "trainers")),
             validators=f.seq("validators", typed(str, "validators")),
-            params=RunParams.from_map(f.plain_map("params", {})),
+            params=RunParams.from_map({**LEGACY_PARAMS, **f.plain_map("params", {})}),
             task_data=FileRef.from_wire(f.sub("task_data")) if f.has("task_data") else None,
         )
