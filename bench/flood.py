@@ -117,9 +117,13 @@ def validator_status(swarm: LocalSwarm) -> dict[str, Any]:
     return dict(swarm.proc("validator").status.get("role_status", {}).get("validator", {}))
 
 
-def _write_version(path: Path, version: int) -> None:
+def _write_version(path: Path, status: dict[str, Any]) -> None:
+    """The validator's newest version and its manifest id (the assignment of a run with a
+    quota mixes it), as ``tests.flood`` reads them."""
+    version = int(status.get("policy_version") or 0)
+    manifest = status.get("policy_manifest") or ""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(str(version))
+    tmp.write_text(f"{version} {manifest}".strip())
     tmp.replace(path)  # whole or not at all: the flood reads it at every submission
 
 
@@ -201,7 +205,7 @@ async def _window(
         children0 = _children_cpu()
         if flood:
             # The validator's own newest version (its status): inside its window.
-            _write_version(version_file, int(validator.status.get("policy_version") or 0))
+            _write_version(version_file, validator.status)
             # A little longer than the window: the flood covers all of it.
             flood_proc = await _start_flood(
                 swarm, version_file, seconds + 2, identities, nice, seed
@@ -222,7 +226,7 @@ async def _window(
             await swarm.poll()
             peak[0] = max(peak[0], rss_and_cpu(pid)[0])
             if flood:
-                _write_version(version_file, int(validator.status.get("policy_version") or 0))
+                _write_version(version_file, validator.status)
             await trio.sleep(0.5)
         await swarm.poll()
         end_v, wall = validator_status(swarm), time.monotonic() - start_t

@@ -43,6 +43,8 @@ from swarm.toploc import CHUNK_SIZE, proof_size
 
 RUN = "ab" * 16
 WORKER = NodeKey.from_seed(b"\x05" * 32)
+MANIFEST = bytes(32)
+"""Policy v3's manifest id (the assignment of a run with a quota mixes it)."""
 
 
 def garbage(sub: RolloutSubmission, rng: random.Random) -> RolloutSubmission:
@@ -67,11 +69,21 @@ def main() -> None:
     torch.set_num_threads(1)
     suite = default_suite()
     engine = TorchEngine.from_dir(DEFAULT_MODEL_DIR)
-    a = assign(RUN, 3, WORKER.peer_id, 0, n_prompts=P.batch_prompts, suite_size=suite.size)
+    a = assign(
+        RUN,
+        3,
+        WORKER.peer_id,
+        0,
+        n_prompts=P.batch_prompts,
+        suite_size=suite.size,
+        manifest_id=MANIFEST if P.quota else None,
+    )
     honest = build_submission(
         generate_groups(engine, suite, a, P), run_id=RUN, version=3, counter=0
     )
-    ctx = JudgeContext(RUN, P, suite, 3, Balances(P.initial_balance, P.ban_threshold))
+    ctx = JudgeContext(
+        RUN, P, suite, 3, Balances(P.initial_balance, P.ban_threshold), {3: MANIFEST}
+    )
     rng = random.Random(0)
     staged = judge_module.slice_of
     modes = {"staged": staged, "whole": lambda _id, n: list(range(n))}

@@ -15,6 +15,7 @@ from node.run import load_genesis
 from swarm.errors import ConfigError
 from swarm.evidence import EvidenceStore
 from swarm.ledger import LedgerStore
+from swarm.ledger.views import QuotaUse, read_quota_use
 from swarm.messages import PolicyAnnouncement, decode, run_id_of
 from swarm.net import parse_peer_addr
 from swarm.net.gossip import POLICY_CONFLICT
@@ -54,9 +55,12 @@ def ledger_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     home: HomeOption = None,
 ) -> None:
-    """Print balances (the banned first), open disputes and the newest events, a page at a time:
-    index reads only, however large the ledger."""
-    store = LedgerStore.open_existing(_ledger_path(db, run, home))
+    """Print balances (the banned first), open disputes and the newest events, a page at a time
+    (index reads only, however large the ledger), and each worker's requests of the window's
+    versions with a verdict (``submitted 37 of 64``: what it did not submit of its quota shows;
+    one scan of those versions' verdicts)."""
+    path = _ledger_path(db, run, home)
+    store = LedgerStore.open_existing(path)
     try:
         cursor = bytes.fromhex(before) if before else None
     except ValueError as exc:
@@ -66,6 +70,9 @@ def ledger_show(
     events = store.page(peer=peer, before=cursor, limit=limit)
     disputes = store.disputes(limit)
     conflicts = _policy_conflicts(store.path)
+    params = store.genesis.message.params
+    tally = read_quota_use(path, params.quota, params.async_level + 1)
+    uses = tally.of(peer) if peer is not None else tally.rows()[:limit]
     if as_json:
         typer.echo(
             json.dumps(
@@ -100,6 +107,11 @@ def ledger_show(
                     ],
                     "next_before": events[-1].id.hex() if len(events) == limit else None,
                     "policy_conflicts": conflicts,
+                    "quota_use": {
+                        "quota": params.quota,
+                        "versions": tally.versions(),
+                        "workers": [u.as_dict() for u in uses],
+                    },
                 },
                 indent=2,
             )
@@ -136,6 +148,8 @@ def ledger_show(
     console.print(events_table)
     if len(events) == limit:
         console.print(f"next page: --before {events[-1].id.hex()}")
+    if uses:
+        console.print(_quota_table(uses, params.quota))
     if conflicts:
         conflict_table = Table(
             title=f"[red]{len(conflicts)} policy version(s) with two manifests[/]"
@@ -146,6 +160,17 @@ def ledger_show(
             for m in c["manifests"]:
                 conflict_table.add_row(str(c["version"]), m["manifest"][:16], m["signer"][-12:])
         console.print(conflict_table)
+
+
+def _quota_table(uses: list[QuotaUse], quota: int) -> Table:
+    """Requests per worker and version with a verdict, fewest first: withholding shows."""
+    what = f"of the quota of {quota} per version" if quota else "(this run has no quota)"
+    table = Table(title=f"requests with a verdict {what}")
+    for col in ("worker", "version", "requests"):
+        table.add_column(col)
+    for u in uses:
+        table.add_row(u.worker[-12:], f"v{u.version}", u.describe())
+    return table
 
 
 def _policy_conflicts(ledger_path: Path) -> list[dict[str, Any]]:
@@ -213,7 +238,9 @@ def audit(
     home: HomeOption = None,
 ) -> None:
     """Re-verify every signature and balance of a ledger and replay the evidence of every slash
-    and dispute (exit 1 on any disagreement); or export/replay one self-contained proof bundle.
+    and dispute (exit 1 on any disagreement); or export/replay one self-contained proof bundle
+    (with --db, the manifest ids of a run with a quota come from that ledger's evidence store
+    when the bundle holds no announcement of its version).
     With --run and --bootstrap, fetch the ledger, the evidence and the weights from the swarm
     first (a sample of 8 credits unless --credits says otherwise)."""
     # The audit re-runs the model: torch loads only for this command.
@@ -223,6 +250,8 @@ def audit(
         audit_ledger,
         export_bundle,
         is_ledger_file,
+        ledger_manifests,
+        no_manifests,
         policy_dir_source,
     )
 
@@ -255,7 +284,10 @@ def audit(
     if is_ledger_file(path):
         rows = audit_ledger(path, source, credits=credits, assets=assets)
     else:
-        rows = audit_bundle(path, source, assets)
+        # A run with a quota needs the manifest id of the bundle's version: from the bundle's
+        # own announcements, else from the evidence store beside the ledger --db names.
+        manifests = ledger_manifests(db) if db is not None else no_manifests
+        rows = audit_bundle(path, source, assets, manifests=manifests)
     _print_rows(path, rows, as_json)
 
 
@@ -287,7 +319,12 @@ def _audit_swarm(
     evidence = EvidenceStore(gathered.evidence)
     try:
         rows = audit_ledger(
-            gathered.ledger, gathered.policy_path, credits=n, evidence=evidence, assets=assets
+            gathered.ledger,
+            gathered.policy_path,
+            credits=n,
+            evidence=evidence,
+            assets=assets,
+            manifests=gathered.manifest_id,
         )
     finally:
         evidence.close()

@@ -26,6 +26,8 @@ from node.run import load_genesis
 from node.run_assets import AssetDirs, check_local
 from node.runtime import Node, RuntimeConfig, forever_policy
 from swarm.errors import ConfigError, SwarmError
+from swarm.ledger import LedgerStore
+from swarm.ledger.views import read_quota_use
 from swarm.messages import parse_role, run_id_of
 from swarm.net import DialPolicy, parse_multiaddr, parse_peer_addr, policy_topic
 
@@ -419,6 +421,8 @@ def status(
         for reason, n in reasons.items():
             table.add_row(f"rejected ({topic}, {reason})", str(n))
     _role_rows(table, info.get("role_status", {}))
+    if "worker" not in info.get("role_status", {}):
+        _quota_rows(table, open_home(home).run_dir(str(info.get("run_id"))) / "ledger.db")
     for warning in info.get("warnings", []):
         table.add_row("WARNING", warning)
     for c in info.get("policy_conflicts", []):
@@ -429,6 +433,32 @@ def status(
             f" refused {refused['manifest'][:16]} ({refused['signer'][-8:]})",
         )
     console.print(table)
+
+
+QUOTA_ROWS = 3
+"""Workers with the fewest requests of the newest version that ``status`` lists."""
+
+
+def _quota_rows(table: Table, ledger: Path) -> None:
+    """From the node's ledger (a validator's, a bootstrap peer's replica): how many workers
+    have verdicts of the newest version, and the few that submitted the least of their quota
+    (``ledger show`` lists them all)."""
+    if not ledger.exists():
+        return
+    try:
+        store = LedgerStore.open_existing(ledger)
+        params = store.genesis.message.params
+        store.close()
+        tally = read_quota_use(ledger, params.quota, params.async_level + 1)
+    except SwarmError as exc:
+        table.add_row("requests", f"ledger not readable: {exc}")
+        return
+    rows = tally.rows()
+    if not rows:
+        return
+    table.add_row(f"requests v{rows[0].version}", f"{len(rows)} worker(s) with verdicts")
+    for use in rows[:QUOTA_ROWS]:
+        table.add_row(f"requests v{use.version}", f"{use.worker[-12:]} {use.describe()}")
 
 
 def _role_rows(table: Table, role_status: dict[str, Any]) -> None:
@@ -456,6 +486,10 @@ def _role_rows(table: Table, role_status: dict[str, Any]) -> None:
                 for k, v in value.items():
                     shown = " ".join(p[-8:] for p in v) if isinstance(v, list) else v
                     table.add_row(f"trainer group {k}", str(shown))
+                continue
+            if key == "quota_used" and isinstance(value, dict):  # a worker's own requests
+                for version, used in value.items():
+                    table.add_row(f"{section} requests {version}", f"made {used}")
                 continue
             if isinstance(value, dict):
                 value = ", ".join(

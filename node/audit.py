@@ -19,15 +19,24 @@ against the card: a copy that differs is refused, the file named), else the home
 ``join`` filled, else the embedded model when the card binds it. Version 0 replays on the card's
 weights file. A data-set run needs its data set the same way (``--tasks`` or the cache).
 
+A run with a quota (``RunParams.quota``) assigns prompts and seeds from the policy version's
+manifest id (``swarm.assignment``), so a replay needs it too (``ManifestSource``): from the
+caller (``manifests=``: the swarm audit reads the manifests of the shard store it fetched into),
+else from the trainer-signed announcements that validators keep in their evidence store (kind
+``policy-announcement``; only announcements of this run signed by a genesis trainer count, the
+first held per version). A replay whose version's manifest id is not known is an unchecked row
+naming the version, never agreement. A legacy run (``quota == 0``) needs none.
+
 A proof bundle (``export_bundle``) holds the genesis, the submission, the verdict and any related
 submissions (the other one of an equivocation) as signed envelopes in a msgpack map, so it
-replays without the ledger.
+replays without the ledger; the announcement of the submission's version, when the bundle holds
+it (``policy``: a list of envelopes), gives the manifest id.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +56,7 @@ from swarm.ledger.recheck import recheck
 from swarm.messages import (
     REWARD_SCALE,
     LedgerEvent,
+    PolicyAnnouncement,
     RolloutSubmission,
     RunGenesis,
     Signed,
@@ -56,6 +66,29 @@ from swarm.messages import (
 )
 
 PolicySource = Callable[[int], Path | None]
+ManifestSource = Callable[[int], bytes | None]
+"""Policy version -> its manifest id (None when not known)."""
+
+
+def no_manifests(version: int) -> bytes | None:
+    return None
+
+
+def announced_manifests(genesis: Signed[RunGenesis], raws: Iterable[bytes]) -> dict[int, bytes]:
+    """Version -> manifest id from signed announcements: only those of this run signed by one
+    of its genesis trainers, the first of each version (what the validators' gate accepted)."""
+    run_id = run_id_of(genesis)
+    trainers = set(genesis.message.trainers)
+    out: dict[int, bytes] = {}
+    for raw in raws:
+        try:
+            announcement = decode(raw, PolicyAnnouncement)
+        except SwarmError:
+            continue
+        a = announcement.message
+        if announcement.signer in trainers and a.run_id == run_id:
+            out.setdefault(a.version, a.manifest_id)
+    return out
 
 
 @dataclass(frozen=True)
@@ -104,6 +137,10 @@ class EvidenceLookup:
         raw = self.raw(object_id)
         return None if raw is None else decode(raw, RolloutSubmission)
 
+    def announcements(self) -> Iterable[bytes]:
+        """The policy announcements the evidence store holds (validators keep every one)."""
+        return () if self.evidence is None else self.evidence.of_kind(PolicyAnnouncement.KIND)
+
     def related(self, verdict: Signed[Verdict]) -> list[Signed[RolloutSubmission]]:
         """The other submission an equivocation's verdict names (when held)."""
         other = verdict.message.metrics.get(OTHER_SUBMISSION)
@@ -131,14 +168,20 @@ class AuditAssets:
 
 
 class _Engines:
-    """One fp32 engine on the run's model, reloaded per version on demand; the run's tasks."""
+    """One fp32 engine on the run's model, reloaded per version on demand; the run's tasks and
+    the manifest ids of its versions (what a replay's ``JudgeContext`` needs)."""
 
     def __init__(
-        self, source: PolicySource, genesis: RunGenesis, assets: AuditAssets | None = None
+        self,
+        source: PolicySource,
+        genesis: RunGenesis,
+        assets: AuditAssets | None = None,
+        manifests: ManifestSource = no_manifests,
     ) -> None:
         self.source = source
         self.genesis = genesis
         self.assets = assets or AuditAssets()
+        self.manifests = manifests
         self._engine: TorchEngine | None = None
         self._version: int | None = None
         self._model_dir: Path | None = None
@@ -189,6 +232,26 @@ class _Engines:
         return self._engine
 
 
+def _context(genesis: Signed[RunGenesis], engines: _Engines, version: int) -> JudgeContext:
+    """The replay's context: the submission's own version as the newest, a ledger where nobody
+    is banned, and the version's manifest id (``ConfigError`` when a run with a quota needs it
+    and it is not known)."""
+    g = genesis.message
+    manifests: dict[int, bytes] = {}
+    if g.params.quota:
+        manifest_id = engines.manifests(version)
+        if manifest_id is None:
+            raise ConfigError(
+                f"the manifest id of policy v{version} is not known (the assignment mixes it):"
+                " audit with the evidence store that holds the validators' announcements"
+                " (evidence.db beside the ledger), or from the swarm (--run --bootstrap)"
+            )
+        manifests[version] = manifest_id
+    return JudgeContext(
+        run_id_of(genesis), g.params, engines.suite(), version, fold([], g.params), manifests
+    )
+
+
 def replay_slash(
     genesis: Signed[RunGenesis],
     submission: Signed[RolloutSubmission],
@@ -222,10 +285,8 @@ def replay_slash(
         for r in related
     )
     try:
+        ctx = _context(genesis, engines, s.policy_version)
         engine = engines.get(s.policy_version)
-        ctx = JudgeContext(
-            run_id_of(genesis), g.params, engines.suite(), s.policy_version, fold([], g.params)
-        )
     except ConfigError as exc:
         return AuditRow(subject, "slash replay", None, f"cannot replay: {exc}")
     try:
@@ -259,11 +320,13 @@ def audit_ledger(
     credits: int | None = None,
     evidence: EvidenceStore | None = None,
     assets: AuditAssets | None = None,
+    manifests: ManifestSource = no_manifests,
 ) -> list[AuditRow]:
     """Every check of the module docstring. Counted credits are re-judged too (the validator's
     accepted work must replay to an accept with the same rewards): all of them by default, a
     random sample of ``credits`` of them (0: none) when a full replay would take too long.
-    ``evidence``: default, the store next to the ledger when there is one."""
+    ``evidence``: default, the store next to the ledger when there is one. ``manifests``: the
+    manifest ids of policy versions, asked before the evidence store's announcements."""
     store = LedgerStore.open_existing(path)
     opened = None
     if evidence is None and path.with_name("evidence.db").exists():
@@ -287,7 +350,12 @@ def audit_ledger(
             else "stored balances differ from the fold: " + "; ".join(checked.balance_errors[:5]),
         )
     )
-    engines = _Engines(source, genesis.message, assets)
+    announced = announced_manifests(genesis, lookup.announcements())
+
+    def manifest_of(version: int) -> bytes | None:
+        return manifests(version) or announced.get(version)
+
+    engines = _Engines(source, genesis.message, assets, manifest_of)
     for dispute in (e for e in events if e.message.event == "dispute"):
         rows.append(_settle_dispute(lookup, genesis, dispute, engines))
     counted = [e for e in events if e.id in checked.counted]
@@ -372,6 +440,20 @@ def _settle_dispute(
     return AuditRow(subject, "dispute", upheld, detail)
 
 
+def ledger_manifests(ledger: Path) -> ManifestSource:
+    """The manifest ids of the announcements kept in the evidence store beside ``ledger``."""
+    store = LedgerStore.open_existing(ledger)
+    genesis = store.genesis
+    store.close()
+    if not ledger.with_name("evidence.db").exists():
+        return no_manifests
+    evidence = EvidenceStore.beside(ledger)
+    try:
+        return announced_manifests(genesis, evidence.of_kind(PolicyAnnouncement.KIND)).get
+    finally:
+        evidence.close()
+
+
 def export_bundle(ledger: Path, submission_id: bytes, out: Path) -> None:
     """Write the self-contained proof bundle of one judged submission."""
     store = LedgerStore.open_existing(ledger)
@@ -398,8 +480,15 @@ def export_bundle(ledger: Path, submission_id: bytes, out: Path) -> None:
 
 
 def audit_bundle(
-    path: Path, source: PolicySource, assets: AuditAssets | None = None
+    path: Path,
+    source: PolicySource,
+    assets: AuditAssets | None = None,
+    *,
+    manifests: ManifestSource = no_manifests,
 ) -> list[AuditRow]:
+    """Replay one proof bundle. The manifest id of its version (a run with a quota) comes from
+    the announcements the bundle holds (``policy``), else from ``manifests`` (``audit BUNDLE
+    --db LEDGER_DB``: the evidence store beside that ledger)."""
     try:
         bundle = msgpack.unpackb(path.read_bytes(), raw=False)
         if not isinstance(bundle, dict) or bundle.get("format") != BUNDLE_FORMAT:
@@ -408,14 +497,20 @@ def audit_bundle(
         submission = decode(bundle["submission"], RolloutSubmission)
         verdict = decode(bundle["verdict"], Verdict)
         related = [decode(r, RolloutSubmission) for r in bundle.get("related", [])]
+        policy = bundle.get("policy", [])
+        if not isinstance(policy, list) or not all(isinstance(r, bytes) for r in policy):
+            raise TypeError("its policy entry is not a list of signed announcements")
     except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
         raise ConfigError(f"{path} is not a readable proof bundle: {exc}") from exc
+    announced = announced_manifests(genesis, policy)
+
+    def manifest_of(version: int) -> bytes | None:
+        return announced.get(version) or manifests(version)
+
+    engines = _Engines(source, genesis.message, assets, manifest_of)
     if verdict.message.accepted:
-        row = _replay_accept(
-            genesis, submission, verdict, _Engines(source, genesis.message, assets)
-        )
+        row = _replay_accept(genesis, submission, verdict, engines)
     else:
-        engines = _Engines(source, genesis.message, assets)
         row = replay_slash(genesis, submission, verdict, related, engines)
     return [row]
 
@@ -426,13 +521,10 @@ def _replay_accept(
     verdict: Signed[Verdict],
     engines: _Engines,
 ) -> AuditRow:
-    g = genesis.message
     s = submission.message
     try:
+        ctx = _context(genesis, engines, s.policy_version)
         engine = engines.get(s.policy_version)
-        ctx = JudgeContext(
-            run_id_of(genesis), g.params, engines.suite(), s.policy_version, fold([], g.params)
-        )
     except ConfigError as exc:
         return AuditRow(submission.id.hex()[:16], "accept replay", None, f"cannot replay: {exc}")
     mine = judge(submission, ctx, engine, counter_seen=False)

@@ -10,7 +10,11 @@ what it fetched), and copies what the audit reads into a work folder:
    (``sample_credits``, the same draw ``audit_ledger`` replays), by the evidence protocol from
    the accuser first, then any holder (``EvidenceService.keep``);
 3. the weights of every policy version those verdicts judged, by SHARDCAST (``--max-versions``
-   bounds it), into a shard store of the folder.
+   bounds it), into a shard store of the folder;
+4. the policy announcements the node accepted while it ran (trainer-signed: version ->
+   manifest id), into the evidence store, pinned. With the manifests of the shard store
+   (``Gathered.manifest_id``) they give the manifest id that the assignment of a run with a
+   quota mixes.
 
 ``audit_ledger`` then replays the folder offline (the model runs only after the node left, so
 the replay never stalls a live event loop). What no peer served shows as a failed or unchecked
@@ -35,7 +39,7 @@ from swarm.errors import NetworkError, PeerError, SwarmError
 from swarm.evidence import EvidenceStore
 from swarm.identity import NodeKey
 from swarm.ledger import LedgerStore
-from swarm.messages import LedgerEvent, RunGenesis, Signed, Verdict, decode
+from swarm.messages import LedgerEvent, PolicyAnnouncement, RunGenesis, Signed, Verdict, decode
 from swarm.net import DialPolicy
 from swarm.shardcast import FetchConfig, ShardStore
 
@@ -60,6 +64,13 @@ class Gathered:
     def policy_path(self, version: int) -> Path | None:
         store = ShardStore(self.shards, keep=1 << 20)
         return store.directory(version) / "data" if store.is_complete(version) else None
+
+    def manifest_id(self, version: int) -> bytes | None:
+        """The id of the trainer-signed manifest of ``version`` fetched here (None: not held)."""
+        try:
+            return ShardStore(self.shards, keep=1 << 20).manifest(version).id
+        except SwarmError:
+            return None
 
 
 async def gather(
@@ -104,6 +115,8 @@ async def gather(
             versions = _versions_judged(ledger, evidence_store, replayed)
             fetched, missing = await _fetch_weights(node, genesis, shards, versions)
             done(f"weights of versions {fetched} fetched ({missing} missing)")
+            for announcement in list(node.policy.accepted.values()):
+                evidence_store.put(announcement.raw, PolicyAnnouncement.KIND, pinned=True)
     finally:
         ledger.close()
         evidence_store.close()

@@ -147,6 +147,24 @@ class PolicyFeed:
                         nursery.start_soon(ask, peer, scope)
         return learnt
 
+    def manifest_id(self, version: int) -> bytes | None:
+        """The manifest id of ``version`` when known here: from its accepted announcement (the
+        gossip gate keeps one per version), else from the manifest of a held copy (checked
+        against its announcement when it was fetched). The assignment of a run with a quota
+        mixes it (``swarm.assignment``)."""
+        announced = self.node.policy.accepted.get(version)
+        if announced is not None:
+            return announced.message.manifest_id
+        try:
+            return self.store.manifest(version).id
+        except SwarmError:
+            return None  # not held, or unreadable leftovers
+
+    def manifests(self, versions: range) -> dict[int, bytes]:
+        """``manifest_id`` of each of ``versions`` that is known here."""
+        known = {v: self.manifest_id(v) for v in versions}
+        return {v: m for v, m in known.items() if m is not None}
+
     def path_of(self, version: int) -> Path | None:
         """The safetensors file of a complete local version, or None."""
         if self.store.is_complete(version):

@@ -16,12 +16,15 @@ the test measures the validator's memory and not the flood's, by
 ``tests/integration/test_sybil_flood.py``:
 
     python -m tests.flood --genesis RUN.genesis --addr VALIDATOR_ADDR [--identities N]
-        [--rounds R] [--seconds S] [--replay FILE]... [--version-file PATH] [--seed N]
-                                                           # prints the outcomes as JSON
+        [--rounds R] [--seconds S] [--replay FILE]... [--version-file PATH] [--manifest HEX]
+        [--seed N]                                         # prints the outcomes as JSON
 
-``--version-file``: the policy version to sign work of, read from this file (a number, rewritten
-by whoever runs the flood, e.g. ``bench/flood.py`` from the validator's status) at every
-submission; without it, version 0.
+``--version-file``: the policy version to sign work of, read from this file (``V`` or ``V
+MANIFEST_HEX``, rewritten by whoever runs the flood, e.g. ``bench/flood.py`` from the
+validator's status) at every submission; without it, version 0 with ``--manifest``. The
+manifest id is what the assignment of a run with a quota mixes (``swarm.assignment``); an
+identity's garbage uses counters ``0, 1, ...`` of the version, so past the quota the validator
+refuses it at the door (``quota``) instead of judging it.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ class Flood:
         identities: int = 50,
         rounds: int = 4,
         honest: Callable[[], Sequence[bytes]] = lambda: (),
-        version: Callable[[], int] = lambda: 0,
+        policy: Callable[[], tuple[int, bytes | None]] = lambda: (0, None),
         seed: int = 0,
     ) -> None:
         self.genesis = genesis
@@ -94,7 +97,8 @@ class Flood:
         ]
         self.rounds = rounds
         self.honest = honest
-        self.version = version
+        self.policy = policy
+        """The version to sign work of and its manifest id (None: unknown, or a legacy run)."""
         self.rng = random.Random(seed)
         self.stats = FloodStats()
         self._max_size: dict[str, bytes] = {}
@@ -156,7 +160,7 @@ class Flood:
     # -- what each identity signs --------------------------------------------------------------
 
     def _assigned(self, key: NodeKey, counter: int) -> tuple[list[str], int, int]:
-        version = self.version()
+        version, manifest_id = self.policy()
         a = assign(
             self.run_id,
             version,
@@ -165,6 +169,7 @@ class Flood:
             n_prompts=self.params.batch_prompts,
             suite_size=self.suite.size,
             excluded=self.suite.excluded,
+            manifest_id=manifest_id if self.params.quota else None,
         )
         return [str(i) for i in a.prompt_ids], a.seed, version
 
@@ -192,10 +197,13 @@ class Flood:
         )
 
     def _unassigned(self, key: NodeKey, counter: int) -> RolloutSubmission:
-        prompts, seed, version = self._assigned(key, 1000 + counter)
+        # Inside the quota (a run without one: a counter of its own), so the assignment
+        # check, not the quota, refuses it.
+        n = counter % self.params.quota if self.params.quota else 1000 + counter
+        prompts, seed, version = self._assigned(key, n)
         wrong = [str((int(p) + 1) % self.suite.size) for p in prompts]
         return RolloutSubmission(
-            self.run_id, version, 1000 + counter, tuple(wrong), self._samples(wrong, seed), 1
+            self.run_id, version, n, tuple(wrong), self._samples(wrong, seed), 1
         )
 
     def _biggest(self, key: NodeKey) -> bytes:
@@ -215,19 +223,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--replay", type=Path, action="append", default=[], help="a signed file")
-    parser.add_argument("--version-file", type=Path, help="holds the version to sign work of")
+    parser.add_argument(
+        "--version-file", type=Path, help="holds the version to sign work of [and its manifest]"
+    )
+    parser.add_argument("--manifest", default="", help="hex manifest id of version 0")
     parser.add_argument("--seed", type=int, default=0, help="another seed: other identities")
     args = parser.parse_args()
     replays = [p.read_bytes() for p in args.replay]
     version_file: Path | None = args.version_file
+    fixed = bytes.fromhex(args.manifest) if args.manifest else None
 
-    def version() -> int:
+    def policy() -> tuple[int, bytes | None]:
         if version_file is None:
-            return 0
+            return 0, fixed
         try:
-            return int(version_file.read_text() or 0)
+            version, *manifest = version_file.read_text().split()
+            return int(version), bytes.fromhex(manifest[0]) if manifest else None
         except (OSError, ValueError):
-            return 0  # being rewritten: the next submission reads it again
+            return 0, fixed  # being rewritten: the next submission reads it again
 
     flood = Flood(
         load_genesis(args.genesis),
@@ -235,7 +248,7 @@ def main() -> None:
         identities=args.identities,
         rounds=args.rounds,
         honest=lambda: replays,
-        version=version,
+        policy=policy,
         seed=args.seed,
     )
     flood.on_ready = lambda: print("flooding", file=sys.stderr, flush=True)

@@ -32,6 +32,9 @@ GENESIS = create_genesis(
 )
 RUN = run_id_of(GENESIS)
 VERSION = 3
+MANIFESTS = {v: hashlib.sha256(b"manifest of v%d" % v).digest() for v in (VERSION - 1, VERSION)}
+"""The manifest ids the stand-in feed knows: the newest two versions of the window (the oldest,
+``VERSION - 2``, is in the window but its manifest is unknown here)."""
 
 
 class Withdrawals:
@@ -64,7 +67,10 @@ def stub_validator(tmp_path: Path, engine: Engine, weights: Path | None = None) 
         membership=Withdrawals(),
         publish_ledger=Gossip(),
     )
-    feed: Any = SimpleNamespace(path_of=lambda version: weights if version == VERSION else None)
+    feed: Any = SimpleNamespace(
+        path_of=lambda version: weights if version == VERSION else None,
+        manifests=lambda versions: {v: MANIFESTS[v] for v in versions if v in MANIFESTS},
+    )
     return Validator(
         node,
         feed=feed,

@@ -1,8 +1,10 @@
 """The validator's judgement of one RolloutSubmission, cheapest checks first.
 
 1. run id; 2. signer not banned; 3. policy version inside the async window; 4. request counter
-not seen before; 5. prompts, seed and sample layout equal the assignment, and the termination
-fields that need no tokenizer (token count, ``length`` rule, proof count and size); 6. EOS
+inside the run's quota (``swarm.assignment.within_quota``) and not seen before; 5. prompts,
+seed and sample layout equal the assignment (which, in a run with a quota, mixes the version's
+manifest id: ``JudgeContext.manifests``), and the termination fields that need no tokenizer
+(token count, ``length`` rule, proof count and size); 6. EOS
 termination, sampling and TOPLOC by prefill on that version (``node.verify``), staged: first a
 slice of ``SLICE_SAMPLES`` samples picked by the submission's id (``slice_of``), where a hard
 failure ends the judgement; else the rest. Honest work costs one check of every sample as
@@ -17,8 +19,17 @@ before dear), and counts refusals by check.
 Severity follows the design: ``hard`` (slash) for what only a cheater produces (replays,
 unassigned prompts or seeds, wrong tokens, false finishes, proofs far outside the thresholds);
 ``soft`` (reject, no slash) for what honest nodes can cause (a version that fell out of the window
-while in flight, proofs just past a threshold); ``none`` for accepted work and for refusals that
-need no judgement (another run, a banned signer).
+while in flight, proofs just past a threshold; a version whose manifest id this validator does
+not know, check ``manifest``); ``none`` for accepted work and for refusals that need no judgement
+(another run, a banned signer).
+
+A counter at or above the quota (check ``quota``) is ``hard``: honest software never signs one
+(the worker stops at ``quota - 1`` and waits for the next version), so the worker's own signature
+over it is the whole proof, as for an equivocation. At the validator's door it is a refusal like
+every precheck's (nothing claimed, stored, prefilled or slashed: grinding costs the grinder its
+time and earns nothing); the severity speaks where a judgement is recorded: a validator that
+credited such work is disputed on re-judge (``Validator.rejudge``), and the audit replays it as
+a hard rejection.
 
 The result is a plain description; the caller signs the Verdict and the ledger events.
 """
@@ -26,13 +37,14 @@ The result is a plain description; the caller signs the Verdict and the ledger e
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from node.compute.engine import Engine
 from node.rl.rollout import sample_index, score_samples
 from node.run import TaskSource
 from node.verify import SampleClaim, SampleVerdict, verify_samples
-from swarm.assignment import assign
+from swarm.assignment import assign, assignment_key, quota_refusal
 from swarm.errors import ConfigError
 from swarm.ledger import EQUIVOCATION, Balances
 from swarm.messages import REWARD_SCALE, RolloutSubmission, RunParams, Signed, Verdict
@@ -50,8 +62,9 @@ class Judgement:
     rewards: list[float] = field(default_factory=list)
     metrics: dict[str, int | str] = field(default_factory=dict)
     check: str = "model"
-    """Which check decided (``run``, ``ban``, ``window``, ``assignment``, ``layout``, ``seed``,
-    ``termination``, ``model``): the validator counts refusals by it; not part of the Verdict."""
+    """Which check decided (``run``, ``ban``, ``window``, ``quota``, ``manifest``,
+    ``assignment``, ``layout``, ``seed``, ``termination``, ``model``): the validator counts
+    refusals by it; not part of the Verdict."""
 
     def verdict(self, submission: Signed[RolloutSubmission], created_at: int) -> Verdict:
         return Verdict(
@@ -79,13 +92,18 @@ def _refuse(check: str, severity: str, *reasons: str, **metrics: int | str) -> J
 
 @dataclass
 class JudgeContext:
-    """What a validator knows when it judges: the run, its newest version, the ledger."""
+    """What a validator knows when it judges: the run, its newest version, the ledger, and the
+    manifest id of the versions it knows."""
 
     run_id: str
     params: RunParams
     suite: TaskSource
     newest_version: int
     balances: Balances
+    manifests: Mapping[int, bytes] = field(default_factory=dict)
+    """Policy version -> its manifest id (the trainer's signed SHARDCAST manifest), for the
+    versions of the window; the assignment of a run with a quota mixes it. A legacy run
+    (``quota == 0``) needs none."""
 
 
 def precheck(
@@ -107,8 +125,20 @@ def precheck(
             policy_version=s.policy_version,
             newest_version=ctx.newest_version,
         )
+    beyond = quota_refusal(s.counter, p.quota)
+    if beyond is not None:
+        return _refuse("quota", "hard", beyond, counter=s.counter, quota=p.quota)
     if counter_seen:
         return _reject("hard", f"replay: request {s.counter} of version {s.policy_version} seen")
+    manifest_id = ctx.manifests.get(s.policy_version)
+    if p.quota and manifest_id is None:
+        return _refuse(
+            "manifest",
+            "soft",
+            f"the manifest of policy v{s.policy_version} is not known to this validator (the"
+            " assignment mixes it); retry later or send to another validator",
+            policy_version=s.policy_version,
+        )
     try:
         expected = assign(
             s.run_id,
@@ -118,6 +148,7 @@ def precheck(
             n_prompts=p.batch_prompts,
             suite_size=ctx.suite.size,
             excluded=ctx.suite.excluded,
+            manifest_id=assignment_key(p.quota, manifest_id),
         )
     except ConfigError as exc:
         return _refuse("assignment", "soft", f"cannot derive the assignment: {exc}")
@@ -185,6 +216,36 @@ def equivocation(
         f" {other.id.hex()[:16]}",
         **{OTHER_SUBMISSION: other.id.hex()},
     )
+
+
+def tie_tolerance(params: RunParams, worker_dtype: str, validator_dtype: str) -> float:
+    """The sampling check's tolerance for this pair of precisions: ``tie_tol_fp32`` where the
+    worker declared float32 and the validator runs float32, else ``tie_tol_bf16`` (either side
+    bf16, or a submission that declares nothing, as before issue 24)."""
+    if worker_dtype == "float32" and validator_dtype == "float32":
+        return params.tie_tol_fp32
+    return params.tie_tol_bf16
+
+
+TOLERATED_LISTED = 256
+"""Tolerated positions a verdict lists at most (the count is always whole)."""
+
+
+def tolerated_metrics(results: list[SampleVerdict]) -> dict[str, int | str]:
+    """What a verdict records of the tolerated near ties: their count and, per sample that has
+    any, ``sample:pos,pos`` joined by ``;`` (``tolerated_at``), at most TOLERATED_LISTED."""
+    listed: list[str] = []
+    left = TOLERATED_LISTED
+    total = 0
+    for j, r in enumerate(results):
+        if r.sampling is None or not r.sampling.tolerated_at:
+            continue
+        total += r.sampling.tolerated
+        at = r.sampling.tolerated_at[: max(left, 0)]
+        left -= len(at)
+        if at:
+            listed.append(f"{j}:{','.join(str(t) for t in at)}")
+    return {"tolerated": total, "tolerated_at": ";".join(listed)} if total else {"tolerated": 0}
 
 
 SLICE_SAMPLES = 8
@@ -290,6 +351,8 @@ def judge(
         p.toploc_max_exp_mismatches, p.toploc_max_mant_mean, p.toploc_max_mant_median
     )
 
+    tolerance = tie_tolerance(p, s.dtype, engine.info.dtype)
+
     def verify(indices: list[int]) -> list[SampleVerdict]:
         return verify_samples(
             engine,
@@ -297,6 +360,9 @@ def judge(
             temperature=p.temperature,
             max_tokens=p.max_tokens,
             thresholds=thresholds,
+            tie_tolerance=tolerance,
+            sampler=p.sampler,
+            max_tolerated_per_1k=p.max_tolerated_per_1k,
         )
 
     picked = slice_of(submission.id, len(claims))
@@ -318,6 +384,8 @@ def judge(
         "max_exp_mismatches": max((c.exp_mismatches for c in checks), default=0),
         "max_mant_err_mean": f"{max((c.mant_err_mean for c in checks), default=0.0):.4g}",
         "near_ties": sum(r.sampling.near_ties for r in results if r.sampling is not None),
+        "tie_tolerance": f"{tolerance:g}",
+        **tolerated_metrics(results),
     }
     aggregate = _submission_proof_check(checks, p.toploc_max_submission_mant_mean, metrics)
     if aggregate is not None and not failed:

@@ -5,12 +5,16 @@ Submissions arrive on ``/swarm-node/<run>/submit/1``; the answer is the signed V
 submission passes each room once (``handle``): the precheck (no model), the assignment's claims
 (``node.roles.claims``: shared with the other validators through their gossiped verdicts), then
 the model, one at a time off the event loop on the engine holding the submission's policy
-version (fetched through SHARDCAST when missing). A submission delivered twice gets its stored
-verdict again; a copy judged by another validator is refused, not judged; a different signed
-submission of a claimed assignment is an equivocation, slashed with both envelopes as evidence
-(the other one fetched by the evidence protocol when only its verdict is known here). Accepted
-work goes to every trainer as the pair (submission, verdict): both signed, so a trainer trusts
-neither this node nor the wire. What other validators decide is read by ``node.roles.review``.
+version (fetched through SHARDCAST when missing). The precheck derives the assignment from the
+manifest id of the submission's version (``PolicyFeed.manifests``: the window's versions known
+here); every announcement the node accepts is kept, pinned, in the evidence store (kind
+``policy-announcement``), so an auditor of this ledger derives the same assignments. A
+submission delivered twice gets its stored verdict again; a copy judged by another validator is
+refused, not judged; a different signed submission of a claimed assignment is an equivocation,
+slashed with both envelopes as evidence (the other one fetched by the evidence protocol when
+only its verdict is known here). Accepted work goes to every trainer as the pair (submission,
+verdict): both signed, so a trainer trusts neither this node nor the wire. What other validators
+decide is read by ``node.roles.review``.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from node.run import TaskSource, suite_for
 from node.runtime import Node
 from swarm.errors import EngineError, NetworkError, RequestTimeout, SwarmError, ValidationError
 from swarm.ledger import Balances, LedgerStore
-from swarm.messages import RolloutSubmission, Signed, Verdict, decode
+from swarm.messages import PolicyAnnouncement, RolloutSubmission, Signed, Verdict, decode
 from swarm.net.names import SAMPLES, SUBMIT
 from swarm.net.protocols import SAMPLES_LIMITS, SUBMIT_LIMITS
 
@@ -123,10 +127,20 @@ class Validator:
         """Serve submissions, and fetch every announced version ahead of the work it brings."""
         server = self.node.handle(SUBMIT, self._on_submit, SUBMIT_LIMITS)
         server.trusted = self.has_history  # reserved submit slots: earned, not given
+        newest = self.node.policy.newest
+        if newest is not None:
+            self._keep_announcement(newest)
+        self.node.policy.on_change(self._keep_announcement)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._deliver)
             nursery.start_soon(self.review.run)
             await self._follow_policy()
+
+    def _keep_announcement(self, announcement: Signed[PolicyAnnouncement]) -> None:
+        """Keep a trainer's announcement (version -> manifest id) for auditors: the assignment
+        of a run with a quota mixes the manifest id. Charged to nobody, like a policy conflict:
+        one small envelope per version, signed by a genesis trainer."""
+        self.evidence.store.put(announcement.raw, PolicyAnnouncement.KIND, pinned=True)
 
     async def _follow_policy(self) -> None:
         wanted = 0
@@ -169,8 +183,14 @@ class Validator:
         newest = self.node.policy.newest
         if newest_version is None:
             newest_version = -1 if newest is None else newest.message.version
+        window = range(max(0, newest_version - self.params.async_level), newest_version + 1)
         return JudgeContext(
-            self.node.run_id, self.params, self.suite, newest_version, self.ledger.balances()
+            self.node.run_id,
+            self.params,
+            self.suite,
+            newest_version,
+            self.ledger.balances(),
+            self.feed.manifests(window) if self.params.quota else {},
         )
 
     async def handle(self, submission: Signed[RolloutSubmission]) -> Signed[Verdict]:
@@ -311,6 +331,7 @@ class Validator:
                 self.suite,
                 s.policy_version,
                 Balances(p.initial_balance, p.ban_threshold),
+                self.feed.manifests(range(s.policy_version, s.policy_version + 1)),
             )
             judgement = precheck(submission, ctx, counter_seen=False) or await self._judge(
                 submission, ctx

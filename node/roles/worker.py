@@ -6,13 +6,20 @@ node keeps gossiping and serving shards while it generates. A newer version is f
 background while generation continues on the one loaded; work made with a version that has left
 the async window by the time it is done is dropped, never submitted.
 
-The request counter is persisted (``worker.counter`` in the run's folder) and advanced *before*
+Request counters (``RequestCounters``) are persisted in the run's folder and advanced *before*
 the work starts, so a restarted worker never repeats a counter: a validator would take that as a
-replay and slash it.
+replay and slash it. In a run with a quota (``RunParams.quota``, requests per worker per
+version) each version has its own counters ``0 .. quota - 1`` (``worker.counters``); once the
+newest version's are used the worker waits for the next version instead of going past them (a
+validator refuses a counter outside the quota). The assignment of such a run mixes the version's
+manifest id, which the worker learns from the announcement of the version it fetched
+(``Held.manifest_id``). A legacy run (``quota == 0``) keeps one counter across versions
+(``worker.counter``) and the assignment without the manifest, as before.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -29,8 +36,8 @@ from node.rl.rollout import generate_groups
 from node.rl.submission import build_submission
 from node.run import TaskSource, suite_for
 from node.runtime import Node
-from swarm.assignment import assign
-from swarm.errors import NetworkError, SwarmError
+from swarm.assignment import assign, assignment_key
+from swarm.errors import ConfigError, NetworkError, SwarmError
 from swarm.messages import PolicyAnnouncement, RolloutSubmission, Signed, Verdict, decode, sign
 from swarm.net.names import SUBMIT
 from swarm.net.protocols import SUBMIT_LIMITS
@@ -39,6 +46,15 @@ log = logging.getLogger(__name__)
 
 Tamper = Callable[[RolloutSubmission], RolloutSubmission]
 """A cheating worker's edit of its own submission (tests and the demo's cheater only)."""
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``, synced to disk before it replaces the old file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    with tmp.open("rb") as f:
+        os.fsync(f.fileno())
+    tmp.replace(path)
 
 
 class Counter:
@@ -53,13 +69,69 @@ class Counter:
 
     def next(self) -> int:
         value = self._value
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(str(value + 1))
-        with tmp.open("rb") as f:
-            os.fsync(f.fileno())
-        tmp.replace(self.path)
+        _write_durably(self.path, str(value + 1))
         self._value = value + 1
         return value
+
+
+class RequestCounters:
+    """A worker's durable request counters for each policy version.
+
+    ``quota == 0`` (a legacy run): one ``Counter`` for every version (``worker.counter``), as
+    before quotas. ``quota > 0``: per version, ``0 .. quota - 1``, stored as a JSON map
+    (``worker.counters``: version -> next counter) before ``next`` returns; the map keeps the
+    ``keep`` newest versions (older ones can no longer be submitted)."""
+
+    def __init__(self, run_dir: Path, quota: int, *, keep: int) -> None:
+        self.quota = quota
+        self.keep = max(1, keep)
+        self._legacy = Counter(run_dir / "worker.counter") if quota == 0 else None
+        self.path = run_dir / "worker.counters"
+        self._next: dict[int, int] = {}
+        if self._legacy is None:
+            try:
+                stored = json.loads(self.path.read_text())
+                self._next = {int(v): int(n) for v, n in stored.items()}
+            except FileNotFoundError:
+                pass
+            except (ValueError, AttributeError) as exc:
+                raise ConfigError(
+                    f"the request counters in {self.path} are unreadable ({exc}); a worker that"
+                    " forgets them would repeat a counter and be slashed: restore the file, or"
+                    " delete it only if this key never worked on the versions of the window"
+                ) from exc
+
+    def left(self, version: int) -> int | None:
+        """Requests of ``version`` still to make (None: unbounded, a legacy run)."""
+        if self._legacy is not None:
+            return None
+        return max(0, self.quota - self._next.get(version, 0))
+
+    def used(self, version: int) -> int:
+        return 0 if self._legacy is not None else min(self.quota, self._next.get(version, 0))
+
+    def next(self, version: int) -> int | None:
+        """The next counter of ``version``, stored as used before it is returned; None once
+        the quota of ``version`` is used."""
+        if self._legacy is not None:
+            return self._legacy.next()
+        value = self._next.get(version, 0)
+        if value >= self.quota:
+            return None
+        self._next[version] = value + 1
+        for old in sorted(self._next)[: -self.keep]:
+            del self._next[old]
+        _write_durably(self.path, json.dumps({str(v): n for v, n in sorted(self._next.items())}))
+        return value
+
+
+@dataclass(frozen=True)
+class Held:
+    """A fetched policy version: its weights file and its manifest id (from the announcement
+    it was fetched by; the file was checked against that manifest)."""
+
+    path: Path
+    manifest_id: bytes
 
 
 @dataclass
@@ -73,6 +145,12 @@ class WorkerStats:
     """Waiting for validators' answers (the next generation starts after the verdict)."""
     samples: int = 0
     last_reasons: list[str] = field(default_factory=list)
+    quota: int = 0
+    """Requests per version the run allows (0: unbounded, a legacy run)."""
+    quota_used: dict[str, str] = field(default_factory=dict)
+    """Requests made of each version held, as ``"37 of 64"`` (runs with a quota)."""
+    quota_waits: int = 0
+    """Times the newest version's quota was used up and the worker waited for the next one."""
 
 
 class InferenceWorker:
@@ -92,11 +170,14 @@ class InferenceWorker:
         self.params = node.config.genesis.message.params
         self.suite = suite or suite_for(node.config.genesis.message)
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.counter = Counter(run_dir / "worker.counter")
+        self.counters = RequestCounters(
+            run_dir, self.params.quota, keep=self.params.async_level + 2
+        )
         self.tamper = tamper
-        self.stats = WorkerStats()
+        self.stats = WorkerStats(quota=self.params.quota)
         self.loaded: int | None = None
-        self._fetched: dict[int, Path] = {}
+        self._loaded_manifest: bytes | None = None
+        self._fetched: dict[int, Held] = {}
         self._have_new = trio.Event()
 
     async def run(self) -> None:
@@ -111,6 +192,21 @@ class InferenceWorker:
                     await self._have_new.wait()
                     self._have_new = trio.Event()
                     continue
+                if self.counters.left(held) == 0:
+                    # Every request of the newest version is made: the next version brings a
+                    # new quota; going past this one would only be refused.
+                    if self._have_new.is_set():  # set by a fetch already looked at
+                        self._have_new = trio.Event()
+                        continue
+                    self.stats.quota_waits += 1
+                    log.info(
+                        "all %d requests of policy v%d made; waiting for the next version",
+                        self.params.quota,
+                        held,
+                    )
+                    await self._have_new.wait()
+                    self._have_new = trio.Event()
+                    continue
                 await self._load_newest()
                 await self.work_once()
 
@@ -121,7 +217,8 @@ class InferenceWorker:
             announcement = await self.node.policy.wait_for(wanted)
             version = announcement.message.version
             try:
-                self._fetched[version] = await self.feed.fetch(announcement)
+                path = await self.feed.fetch(announcement)
+                self._fetched[version] = Held(path, announcement.message.manifest_id)
             except SwarmError as exc:
                 log.warning("fetching policy v%d failed: %s", version, exc)
                 await trio.sleep(1.0)  # back off, then try the newest announcement again
@@ -134,8 +231,10 @@ class InferenceWorker:
     async def _load_newest(self) -> None:
         version = max(self._fetched)
         if version != self.loaded:
-            await trio.to_thread.run_sync(self.engine.load_weights, str(self._fetched[version]))
+            held = self._fetched[version]
+            await trio.to_thread.run_sync(self.engine.load_weights, str(held.path))
             self.loaded = version
+            self._loaded_manifest = held.manifest_id
             log.info("inference on policy v%d", version)
 
     def _newest_version(self) -> int:
@@ -146,7 +245,10 @@ class InferenceWorker:
         """One request: assignment, generation with proofs, signature, submission."""
         assert self.loaded is not None
         version = self.loaded
-        counter = self.counter.next()
+        counter = self.counters.next(version)
+        self._show_quota()
+        if counter is None:
+            return  # the quota of this version is used: ``run`` waits for the next one
         assignment = assign(
             self.node.run_id,
             version,
@@ -155,6 +257,7 @@ class InferenceWorker:
             n_prompts=self.params.batch_prompts,
             suite_size=self.suite.size,
             excluded=self.suite.excluded,
+            manifest_id=assignment_key(self.params.quota, self._loaded_manifest),
         )
 
         def make() -> RolloutSubmission:
@@ -176,6 +279,14 @@ class InferenceWorker:
         started = time.perf_counter()
         await self.submit(sign(submission, self.node.key))
         self.stats.submit_seconds += time.perf_counter() - started
+
+    def _show_quota(self) -> None:
+        """``stats.quota_used``: requests made of each version held (runs with a quota)."""
+        if self.params.quota:
+            self.stats.quota_used = {
+                f"v{v}": f"{self.counters.used(v)} of {self.params.quota}"
+                for v in sorted(self._fetched)
+            }
 
     async def submit(self, signed: Signed[RolloutSubmission]) -> Signed[Verdict] | None:
         """Send to a validator found by role; another one on failure."""

@@ -13,7 +13,10 @@ Decisions this module owns:
   ``_Tally`` remembers the largest rowid it read and each request folds in the newer rows alone
   (the first request after start reads everything once). A page costs the same on a ledger of a
   hundred events or a million; only the contributors table's sort is O(peers).
-- **Meanings.** Accepted/rejected work: verdicts naming the peer as worker. Mean reward of a
+- **Meanings.** Accepted/rejected work: verdicts naming the peer as worker. Requests: of a
+  worker's counters of each version of the window (``0 .. quota - 1``), those with a verdict
+  (``swarm.ledger.views.QuotaTally``, folded in like the rest), shown for the newest version
+  as "37 of 64": what a worker withholds of its quota shows. Mean reward of a
   version: ``sum(reward_sum) / sum(samples) / REWARD_SCALE`` over its accepted verdicts. Balance:
   the materialised ``balances`` table, the run's initial balance for a peer without events.
   Banned: balance below the run's ban threshold. A slash's reason: the reasons of the verdict
@@ -38,6 +41,7 @@ from typing import Any
 import msgpack
 
 from swarm.errors import StorageError
+from swarm.ledger.views import QuotaTally, QuotaUse
 from swarm.messages import REWARD_SCALE
 
 MAX_LIMIT = 200
@@ -90,6 +94,7 @@ class _Tally:
     slashes: int = 0
     peers: dict[str, PeerStats] = field(default_factory=dict)
     versions: dict[int, _VersionTally] = field(default_factory=dict)
+    requests: QuotaTally = field(default_factory=lambda: QuotaTally(0, 1))
 
     def peer(self, peer: str) -> PeerStats:
         return self.peers.setdefault(peer, PeerStats())
@@ -98,7 +103,17 @@ class _Tally:
 class LedgerQueries:
     """Read-only queries on one run's ledger file."""
 
-    def __init__(self, path: Path, *, initial_balance: int, ban_threshold: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        initial_balance: int,
+        ban_threshold: int,
+        quota: int = 0,
+        window: int = 3,
+    ) -> None:
+        """``quota`` and ``window`` (``async_level + 1``): the run's requests per worker per
+        version, and how many versions the requests column keeps."""
         self.path = path
         self.initial_balance = initial_balance
         self.ban_threshold = ban_threshold
@@ -118,7 +133,7 @@ class LedgerQueries:
             except sqlite3.DatabaseError:
                 self._evidence = None  # bundles then come from peers
         self._lock = threading.Lock()
-        self._tally = _Tally()
+        self._tally = _Tally(requests=QuotaTally(quota, window))
         self._event_rowid = 0
         self._verdict_rowid = 0
 
@@ -150,13 +165,15 @@ class LedgerQueries:
             t.events += 1
             t.slashes += event == "slash"
             t.peer(str(peer)).seen(int(at))
-        for rowid, worker, validator, ok, severity, samples, reward, version, at in self._rows(
+        verdicts = self._rows(
             "SELECT rowid, worker, validator, accepted, severity, samples, reward_sum,"
-            " policy_version, created_at FROM verdicts WHERE rowid > ? ORDER BY rowid",
+            " policy_version, counter, created_at FROM verdicts WHERE rowid > ? ORDER BY rowid",
             (self._verdict_rowid,),
-        ):
+        )
+        for rowid, worker, validator, ok, severity, samples, reward, version, count, at in verdicts:
             self._verdict_rowid = int(rowid)
             t.verdicts += 1
+            t.requests.add(str(worker), int(version), int(count), bool(ok))
             w = t.peer(str(worker))
             w.seen(int(at))
             t.peer(str(validator)).judged += 1
@@ -225,6 +242,7 @@ class LedgerQueries:
         offset = _rowid_cursor(cursor) or 0
         size = clamp_limit(limit)
         stats, balances = self.peer_stats()
+        requests = self.requests_newest()
         needle = search.strip().lower()
         rows = []
         for peer in set(stats) | set(balances) | set(roles):
@@ -245,6 +263,7 @@ class LedgerQueries:
                     "balance": balance,
                     "banned": balance < self.ban_threshold,
                     "last_seen_ms": max(seen) if seen else None,
+                    "requests": _requests_cell(requests.get(peer)),
                 }
             )
 
@@ -262,6 +281,13 @@ class LedgerQueries:
             "total": len(rows),
             "next_cursor": str(offset + size) if more else None,
         }
+
+    def requests_newest(self) -> dict[str, QuotaUse]:
+        """Of every worker with a verdict in the window: its requests with a verdict of the
+        newest version the ledger judged (0 when it has none there: withholding shows)."""
+        with self._lock:
+            tally = self._refresh().requests
+            return {w: tally.of(w)[0] for w in tally.workers()}
 
     def rewards_by_version(self) -> list[dict[str, Any]]:
         """Per policy version: accepted/rejected verdicts, accepted samples, mean reward."""
@@ -404,6 +430,17 @@ class LedgerQueries:
             except sqlite3.DatabaseError:
                 return None
         return None if row is None else bytes(row[0])
+
+
+def _requests_cell(use: QuotaUse | None) -> dict[str, Any] | None:
+    """The contributors table's requests cell: ``"37 of 64"`` of the newest version."""
+    if use is None:
+        return None
+    of = f" of {use.quota}" if use.quota else ""
+    return {
+        **use.as_dict(),
+        "text": f"{use.submitted}{of} (v{use.version})",
+    }
 
 
 def _payload(raw: bytes) -> dict[str, Any]:

@@ -290,7 +290,13 @@ def node_view(node: Any, ledger_path: Path | None, feed: Any = None) -> RunView:
 
     g = genesis.message.params
     queries = (
-        LedgerQueries(ledger_path, initial_balance=g.initial_balance, ban_threshold=g.ban_threshold)
+        LedgerQueries(
+            ledger_path,
+            initial_balance=g.initial_balance,
+            ban_threshold=g.ban_threshold,
+            quota=g.quota,
+            window=g.async_level + 1,
+        )
         if ledger_path is not None
         else None
     )
@@ -328,7 +334,13 @@ def bootstrap_view(boot: Any, genesis: Signed[RunGenesis], home: Path | None) ->
     store = boot.ledgers.get(run_id)
     g = genesis.message.params
     queries = (
-        LedgerQueries(store.path, initial_balance=g.initial_balance, ban_threshold=g.ban_threshold)
+        LedgerQueries(
+            store.path,
+            initial_balance=g.initial_balance,
+            ban_threshold=g.ban_threshold,
+            quota=g.quota,
+            window=g.async_level + 1,
+        )
         if store is not None
         else None
     )

@@ -212,7 +212,11 @@ class LiveSwarm:
     def _submission(self, run_id: str) -> RolloutSubmission:
         LiveSwarm._counter += 1
         sample = Sample("p1", (1, 2, 3), 7, (PROOF,), "stop")
-        return RolloutSubmission(run_id, 0, LiveSwarm._counter, ("p1",), (sample,), 5)
+        # A counter inside the run's quota (the precheck refuses the prompts, not the counter);
+        # each submission distinct by its creation time.
+        quota = self.trainer.config.genesis.message.params.quota or 1 << 30
+        n = LiveSwarm._counter
+        return RolloutSubmission(run_id, 0, n % quota, ("p1",), (sample,), 5 + n)
 
     # --- the targets ---------------------------------------------------------------------
 

@@ -6,10 +6,17 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from cli.app import main
-from node.audit import audit_bundle, audit_ledger, export_bundle, policy_dir_source
+from node.audit import (
+    audit_bundle,
+    audit_ledger,
+    export_bundle,
+    ledger_manifests,
+    policy_dir_source,
+)
 from node.compute.torch_engine import TorchEngine
 from node.model import DEFAULT_MODEL_DIR
 from node.rl.rollout import generate_groups
@@ -21,7 +28,7 @@ from swarm.assignment import assign
 from swarm.evidence import EvidenceStore
 from swarm.identity import NodeKey
 from swarm.ledger import LedgerStore
-from swarm.messages import RolloutSubmission, RunParams, Signed, run_id_of, sign
+from swarm.messages import PolicyAnnouncement, RolloutSubmission, RunParams, Signed, run_id_of, sign
 
 OWNER, VALIDATOR, TRAINER = (NodeKey.from_seed(bytes([i]) * 32) for i in (1, 2, 3))
 HONEST, CHEATER = NodeKey.from_seed(b"\x08" * 32), NodeKey.from_seed(b"\x09" * 32)
@@ -36,6 +43,9 @@ GENESIS = create_genesis(
 )
 RUN = run_id_of(GENESIS)
 SUITE = suite_for(GENESIS.message)
+MANIFEST = bytes([5]) * 32
+ANNOUNCED = sign(PolicyAnnouncement(RUN, 0, MANIFEST, 1), TRAINER)
+"""Policy v0's announcement: its manifest id is part of the assignment (the run has a quota)."""
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +54,19 @@ def engine() -> TorchEngine:
 
 
 def work(engine: TorchEngine, key: NodeKey, counter: int) -> RolloutSubmission:
-    a = assign(RUN, 0, key.peer_id, counter, n_prompts=2, suite_size=SUITE.size)
+    a = assign(
+        RUN, 0, key.peer_id, counter, n_prompts=2, suite_size=SUITE.size, manifest_id=MANIFEST
+    )
     return build_submission(
         generate_groups(engine, SUITE, a, PARAMS), run_id=RUN, version=0, counter=counter
     )
 
 
 def validate(store: LedgerStore, engine: TorchEngine, sub: Signed[RolloutSubmission]) -> Judgement:
-    ctx = JudgeContext(RUN, PARAMS, SUITE, 0, store.balances())
+    ctx = JudgeContext(RUN, PARAMS, SUITE, 0, store.balances(), {0: MANIFEST})
     j = judge(sub, ctx, engine, counter_seen=False)
     evidence = EvidenceStore.beside(store.path)
+    evidence.put(ANNOUNCED.raw, PolicyAnnouncement.KIND, pinned=True)  # as a validator keeps it
     record_judgement(store, evidence, VALIDATOR, sub, j, PARAMS)
     evidence.close()
     return j
@@ -82,12 +95,23 @@ def test_audit_agrees_with_an_honest_validator_and_bundles_replay(
 
     bundle = tmp_path / "cheat.bundle"
     export_bundle(tmp_path / "ledger.db", cheat.id, bundle)
-    assert all(r.ok for r in audit_bundle(bundle, policy_dir_source(None)))
+    manifests = ledger_manifests(tmp_path / "ledger.db")
+    assert manifests(0) == MANIFEST
+    assert all(r.ok for r in audit_bundle(bundle, policy_dir_source(None), manifests=manifests))
     export_bundle(tmp_path / "ledger.db", honest.id, tmp_path / "honest.bundle")
-    assert all(r.ok for r in audit_bundle(tmp_path / "honest.bundle", policy_dir_source(None)))
+    honest_rows = audit_bundle(tmp_path / "honest.bundle", policy_dir_source(None))
+    # Without the manifest id of v0 the replay cannot derive the assignment: unchecked, named.
+    assert [r.ok for r in honest_rows] == [None] and "v0" in honest_rows[0].detail
+    with_policy = tmp_path / "with-policy.bundle"
+    packed = msgpack.unpackb((tmp_path / "honest.bundle").read_bytes(), raw=False)
+    with_policy.write_bytes(msgpack.packb({**packed, "policy": [ANNOUNCED.raw]}))
+    assert all(r.ok for r in audit_bundle(with_policy, policy_dir_source(None)))
 
     with pytest.raises(SystemExit) as done:
         main(["audit", str(tmp_path / "ledger.db")])
+    assert done.value.code == 0 and "audit agrees" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(["audit", str(bundle), "--db", str(tmp_path / "ledger.db")])
     assert done.value.code == 0 and "audit agrees" in capsys.readouterr().out
 
     with pytest.raises(SystemExit):
@@ -106,6 +130,7 @@ def test_audit_disagrees_with_a_slash_of_honest_work(
     honest = sign(work(engine, HONEST, 1), HONEST)
     unfair = Judgement(False, "hard", ["made up"])
     evidence = EvidenceStore.beside(store.path)
+    evidence.put(ANNOUNCED.raw, PolicyAnnouncement.KIND, pinned=True)
     record_judgement(store, evidence, VALIDATOR, honest, unfair, PARAMS)
     evidence.close()
     store.close()
@@ -114,6 +139,58 @@ def test_audit_disagrees_with_a_slash_of_honest_work(
     with pytest.raises(SystemExit) as done:
         main(["audit", str(tmp_path / "ledger.db")])
     assert done.value.code == 1 and "DISAGREE" in capsys.readouterr().out
+
+
+def test_a_replay_without_the_manifest_id_is_unchecked_not_agreed(
+    engine: TorchEngine, tmp_path: Path
+) -> None:
+    store = LedgerStore(tmp_path / "ledger.db", GENESIS)
+    sub = sign(work(engine, HONEST, 2), HONEST)
+    ctx = JudgeContext(RUN, PARAMS, SUITE, 0, store.balances(), {0: MANIFEST})
+    j = judge(sub, ctx, engine, counter_seen=False)
+    assert j.accepted, j.reasons
+    evidence = EvidenceStore.beside(store.path)  # a store without v0's announcement
+    record_judgement(store, evidence, VALIDATOR, sub, j, PARAMS)
+    evidence.close()
+    store.close()
+    rows = audit_ledger(tmp_path / "ledger.db", policy_dir_source(None))
+    replay = [r for r in rows if r.check == "accept replay"]
+    assert [r.ok for r in replay] == [None] and "manifest id of policy v0" in replay[0].detail
+
+
+def test_a_legacy_run_replays_the_assignment_without_a_manifest(
+    engine: TorchEngine, tmp_path: Path
+) -> None:
+    """A genesis from before quotas (``quota`` absent reads as 0): any counter, the assignment
+    without the manifest id, and an audit that needs no announcement."""
+    legacy = dataclasses.replace(PARAMS, quota=0)
+    genesis = create_genesis(
+        OWNER,
+        name="legacy",
+        trainers=[TRAINER.peer_id],
+        validators=[VALIDATOR.peer_id],
+        params=legacy,
+        created_at=1,
+    )
+    run = run_id_of(genesis)
+    store = LedgerStore(tmp_path / "ledger.db", genesis)
+    a = assign(run, 0, HONEST.peer_id, 5000, n_prompts=2, suite_size=SUITE.size)
+    sub = sign(
+        build_submission(
+            generate_groups(engine, SUITE, a, legacy), run_id=run, version=0, counter=5000
+        ),
+        HONEST,
+    )
+    j = judge(
+        sub, JudgeContext(run, legacy, SUITE, 0, store.balances()), engine, counter_seen=False
+    )
+    assert j.accepted, j.reasons
+    evidence = EvidenceStore.beside(store.path)
+    record_judgement(store, evidence, VALIDATOR, sub, j, legacy)
+    evidence.close()
+    store.close()
+    rows = audit_ledger(tmp_path / "ledger.db", policy_dir_source(None))
+    assert [r.ok for r in rows if r.check == "accept replay"] == [True], rows
 
 
 def test_audit_of_a_missing_or_foreign_file_is_a_clear_error(

@@ -24,7 +24,7 @@ from swarm.assignment import assign
 from swarm.errors import EngineError
 from swarm.identity import NodeKey
 from swarm.messages import RolloutSubmission, Signed, sign
-from tests.validator_stub import GENESIS, PARAMS, RUN, VERSION, stub_validator
+from tests.validator_stub import GENESIS, MANIFESTS, PARAMS, RUN, VERSION, stub_validator
 
 WORKER = NodeKey.from_seed(b"\x15" * 32)
 
@@ -40,6 +40,7 @@ def honest(counter: int) -> Signed[RolloutSubmission]:
         n_prompts=PARAMS.batch_prompts,
         suite_size=suite.size,
         excluded=suite.excluded,
+        manifest_id=MANIFESTS[VERSION],
     )
     groups = generate_groups(engine, suite, a, PARAMS)
     return sign(build_submission(groups, run_id=RUN, version=VERSION, counter=counter), WORKER)

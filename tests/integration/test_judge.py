@@ -31,6 +31,8 @@ PARAMS = RunParams(
 RUN = "ab" * 16
 WORKER = NodeKey.from_seed(b"\x05" * 32)
 SUITE = default_suite()
+MANIFEST = bytes(range(32))
+"""The manifest id of policy v3 (the assignment of a run with a quota mixes it)."""
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ def engine() -> TorchEngine:
 
 @pytest.fixture(scope="module")
 def honest(engine: TorchEngine) -> RolloutSubmission:
-    a = assign(RUN, 3, WORKER.peer_id, 0, n_prompts=2, suite_size=SUITE.size)
+    a = assign(RUN, 3, WORKER.peer_id, 0, n_prompts=2, suite_size=SUITE.size, manifest_id=MANIFEST)
     return build_submission(
         generate_groups(engine, SUITE, a, PARAMS), run_id=RUN, version=3, counter=0
     )
@@ -49,7 +51,7 @@ def honest(engine: TorchEngine) -> RolloutSubmission:
 def context(newest: int = 3, banned: bool = False) -> JudgeContext:
     by_peer = {WORKER.peer_id: PARAMS.ban_threshold - 1} if banned else {}
     balances = Balances(PARAMS.initial_balance, PARAMS.ban_threshold, by_peer)
-    return JudgeContext(RUN, PARAMS, SUITE, newest, balances)
+    return JudgeContext(RUN, PARAMS, SUITE, newest, balances, {3: MANIFEST})
 
 
 def resign(sub: RolloutSubmission, **changes: Any) -> Signed[RolloutSubmission]:
@@ -105,7 +107,7 @@ def test_other_weights_are_rejected_hard(honest: RolloutSubmission) -> None:
     with torch.no_grad():
         for p in other.model.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * p.abs() * 1e-2)  # relative noise 1e-2
-    a = assign(RUN, 3, WORKER.peer_id, 0, n_prompts=2, suite_size=SUITE.size)
+    a = assign(RUN, 3, WORKER.peer_id, 0, n_prompts=2, suite_size=SUITE.size, manifest_id=MANIFEST)
     forged = build_submission(
         generate_groups(other, SUITE, a, PARAMS), run_id=RUN, version=3, counter=0
     )
@@ -132,3 +134,47 @@ def test_banned_worker_is_refused(engine: TorchEngine, honest: RolloutSubmission
 def test_other_run_is_refused(engine: TorchEngine, honest: RolloutSubmission) -> None:
     j = judge(resign(honest, run_id="cd" * 16), context(), engine, counter_seen=False)
     assert not j.accepted and "not " + RUN in j.reasons[0]
+
+
+def test_a_counter_at_the_quota_is_refused_hard_before_the_model(
+    honest: RolloutSubmission,
+) -> None:
+    class Untouchable:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"the model was reached ({name}) past the quota")
+
+    past = resign(honest, counter=PARAMS.quota)
+    j = judge(past, context(), Untouchable(), counter_seen=False)  # type: ignore[arg-type]
+    assert (j.accepted, j.severity, j.check) == (False, "hard", "quota")
+    assert len(j.reasons) == 1 and "\n" not in j.reasons[0] and "quota=64" in j.reasons[0]
+
+
+def test_work_made_for_another_manifest_is_unassigned(
+    engine: TorchEngine, honest: RolloutSubmission
+) -> None:
+    ctx = dataclasses.replace(context(), manifests={3: bytes(32)})
+    j = judge(sign(honest, WORKER), ctx, engine, counter_seen=False)
+    assert (j.accepted, j.severity, j.check) == (False, "hard", "assignment"), j.reasons
+
+
+def test_a_version_whose_manifest_is_unknown_is_soft(
+    engine: TorchEngine, honest: RolloutSubmission
+) -> None:
+    ctx = dataclasses.replace(context(), manifests={})
+    j = judge(sign(honest, WORKER), ctx, engine, counter_seen=False)
+    assert (j.accepted, j.severity, j.check) == (False, "soft", "manifest"), j.reasons
+
+
+def test_a_legacy_run_judges_the_assignment_without_the_manifest(
+    engine: TorchEngine, honest: RolloutSubmission
+) -> None:
+    legacy = dataclasses.replace(PARAMS, quota=0)
+    ctx = dataclasses.replace(context(), params=legacy, manifests={})
+    a = assign(RUN, 3, WORKER.peer_id, 10**6, n_prompts=2, suite_size=SUITE.size)
+    old = build_submission(
+        generate_groups(engine, SUITE, a, legacy), run_id=RUN, version=3, counter=10**6
+    )
+    j = judge(sign(old, WORKER), ctx, engine, counter_seen=False)
+    assert j.accepted, j.reasons  # no quota: any counter, and no manifest needed
+    j = judge(sign(honest, WORKER), ctx, engine, counter_seen=False)
+    assert (j.accepted, j.check) == (False, "assignment")

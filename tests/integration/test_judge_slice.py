@@ -26,7 +26,7 @@ from swarm.assignment import assign
 from swarm.evidence import EvidenceStore
 from swarm.identity import NodeKey
 from swarm.ledger import Balances, LedgerStore
-from swarm.messages import RolloutSubmission, RunParams, Signed, run_id_of, sign
+from swarm.messages import PolicyAnnouncement, RolloutSubmission, RunParams, Signed, run_id_of, sign
 from swarm.toploc import CHUNK_SIZE, proof_size
 
 OWNER, VALIDATOR, TRAINER = (NodeKey.from_seed(bytes([i]) * 32) for i in (21, 22, 23))
@@ -43,6 +43,9 @@ GENESIS = create_genesis(
 RUN = run_id_of(GENESIS)
 SUITE = suite_for(GENESIS.message)
 N = PARAMS.group_size * PARAMS.batch_prompts
+MANIFEST = bytes([7]) * 32
+ANNOUNCED = sign(PolicyAnnouncement(RUN, 0, MANIFEST, 1), TRAINER)
+"""Policy v0's announcement: its manifest id is part of the assignment (the run has a quota)."""
 
 
 class CountingEngine(TorchEngine):
@@ -64,7 +67,10 @@ def engine() -> CountingEngine:
 
 
 def work(engine: TorchEngine, key: NodeKey, counter: int = 0) -> RolloutSubmission:
-    a = assign(RUN, 0, key.peer_id, counter, n_prompts=PARAMS.batch_prompts, suite_size=SUITE.size)
+    n = PARAMS.batch_prompts
+    a = assign(
+        RUN, 0, key.peer_id, counter, n_prompts=n, suite_size=SUITE.size, manifest_id=MANIFEST
+    )
     return build_submission(
         generate_groups(engine, SUITE, a, PARAMS), run_id=RUN, version=0, counter=counter
     )
@@ -76,7 +82,7 @@ def context(store: LedgerStore | None = None) -> JudgeContext:
         if store is not None
         else Balances(PARAMS.initial_balance, PARAMS.ban_threshold)
     )
-    return JudgeContext(RUN, PARAMS, SUITE, 0, balances)
+    return JudgeContext(RUN, PARAMS, SUITE, 0, balances, {0: MANIFEST})
 
 
 def garbage(sub: RolloutSubmission, seed: int = 0) -> RolloutSubmission:
@@ -161,6 +167,7 @@ def test_a_cheat_outside_the_slice_is_still_caught_by_the_whole_check(
 def validate(store: LedgerStore, engine: TorchEngine, sub: Signed[RolloutSubmission]) -> Judgement:
     j = judge(sub, context(store), engine, counter_seen=False)
     evidence = EvidenceStore.beside(store.path)
+    evidence.put(ANNOUNCED.raw, PolicyAnnouncement.KIND, pinned=True)  # as a validator keeps it
     record_judgement(store, evidence, VALIDATOR, sub, j, PARAMS)
     evidence.close()
     return j

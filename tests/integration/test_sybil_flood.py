@@ -50,7 +50,8 @@ from tests.netfactory import LOOPBACK, key_named, loopback_config, wait_until
 
 pytestmark = pytest.mark.slow
 
-PARAMS = RunParams(group_size=2, batch_prompts=2, max_tokens=8, async_level=2)
+# A quota far above what the honest workers' 50 s of work uses (they submit until the flood ends).
+PARAMS = RunParams(group_size=2, batch_prompts=2, max_tokens=8, async_level=2, quota=4096)
 OWNER, TRAINER, VALIDATOR = key_named("owner"), key_named("trainer"), key_named("validator-0")
 GENESIS = create_genesis(
     OWNER,
@@ -83,6 +84,8 @@ async def test_honest_workers_are_credited_through_a_flood_of_50_fresh_identitie
     gen_lock = trio.Lock()
     suite = suite_for(GENESIS.message)
 
+    manifest: list[bytes] = []  # policy v0's manifest id, once the validator knows it
+
     async def honest_work(key: NodeKey, counter: int) -> bytes:
         a = assign(
             GENESIS_RUN,
@@ -92,6 +95,7 @@ async def test_honest_workers_are_credited_through_a_flood_of_50_fresh_identitie
             n_prompts=PARAMS.batch_prompts,
             suite_size=suite.size,
             excluded=suite.excluded,
+            manifest_id=manifest[0],
         )
         async with gen_lock:
             groups = await trio.to_thread.run_sync(generate_groups, engine, suite, a, PARAMS)
@@ -148,6 +152,8 @@ async def test_honest_workers_are_credited_through_a_flood_of_50_fresh_identitie
             await stack.enter_async_context(Node.start(config(k, "inference"))) for k in HONEST
         ]
         await wait_until(lambda: validator.policy.newest is not None, 120)
+        assert validator.policy.newest is not None
+        manifest.append(validator.policy.newest.message.manifest_id)
         v = role.validator
         assert v is not None
 
@@ -172,6 +178,7 @@ async def test_honest_workers_are_credited_through_a_flood_of_50_fresh_identitie
         flood_cmd = [sys.executable, "-m", "tests.flood", "--genesis", str(genesis_path)]
         flood_cmd += ["--addr", validator.overlay.addrs()[0], "--identities", "50"]
         flood_cmd += ["--rounds", "2", "--seconds", "50", "--replay", str(replay_path)]
+        flood_cmd += ["--manifest", manifest[0].hex()]
         flood_out: dict[str, Any] = {}
         rss_before, peak = rss_mib(), rss_mib()
         disk_before = disk_usage(v_dir)["total"]

@@ -47,7 +47,9 @@ PATIENT_DIAL = DialPolicy(attempts=5, timeout=10.0, backoff=0.5, max_backoff=2.0
 CREDIT = PARAMS.credit_per_sample * PARAMS.group_size * PARAMS.batch_prompts
 
 
-def _work(engine: TorchEngine, run_id: str, key: NodeKey, counter: int) -> RolloutSubmission:
+def _work(
+    engine: TorchEngine, run_id: str, key: NodeKey, counter: int, manifest_id: bytes | None
+) -> RolloutSubmission:
     suite = suite_for(GENESIS.message)
     a = assign(
         run_id,
@@ -57,6 +59,7 @@ def _work(engine: TorchEngine, run_id: str, key: NodeKey, counter: int) -> Rollo
         n_prompts=PARAMS.batch_prompts,
         suite_size=suite.size,
         excluded=suite.excluded,
+        manifest_id=manifest_id,
     )
     return build_submission(
         generate_groups(engine, suite, a, PARAMS), run_id=run_id, version=0, counter=counter
@@ -139,11 +142,13 @@ async def test_validators_check_each_other_and_the_audit_replays_from_the_swarm(
             poll=0.2,
         )
         run_id = v0.node.run_id
+        manifest = v0.feed.manifest_id(0)  # policy v0's: the assignment mixes it
+        assert manifest is not None
 
         # The equivocator: one assignment signed twice (created_at differs), one copy each to
         # two validators. The second validator learnt the claim from the first one's verdict.
         equivocator = await stack.enter_async_context(Node.start(config(EQUIVOCATOR, "inference")))
-        work = await trio.to_thread.run_sync(_work, engine, run_id, EQUIVOCATOR, 0)
+        work = await trio.to_thread.run_sync(_work, engine, run_id, EQUIVOCATOR, 0, manifest)
         first = sign(work, EQUIVOCATOR)
         copy = sign(dataclasses.replace(work, created_at=work.created_at + 1), EQUIVOCATOR)
         for v in validators:  # a direct dial: no need to wait for DHT discovery
@@ -158,7 +163,8 @@ async def test_validators_check_each_other_and_the_audit_replays_from_the_swarm(
         # The cheater sends forged work to the rogue validator, which credits it.
         cheater = await stack.enter_async_context(Node.start(config(CHEATER, "inference")))
         forged = sign(
-            edit_token(await trio.to_thread.run_sync(_work, engine, run_id, CHEATER, 0)), CHEATER
+            edit_token(await trio.to_thread.run_sync(_work, engine, run_id, CHEATER, 0, manifest)),
+            CHEATER,
         )
         await cheater.overlay.dial(rogue.node.overlay.addrs()[:1], PATIENT_DIAL)
         credited = await _submit(cheater, ids[2], forged)
@@ -272,7 +278,13 @@ async def test_validators_check_each_other_and_the_audit_replays_from_the_swarm(
         assert not gathered.missing_versions
 
     evidence = EvidenceStore(gathered.evidence)
-    rows = audit_ledger(gathered.ledger, gathered.policy_path, credits=2, evidence=evidence)
+    rows = audit_ledger(
+        gathered.ledger,
+        gathered.policy_path,
+        credits=2,
+        evidence=evidence,
+        manifests=gathered.manifest_id,
+    )
     evidence.close()
     slash_rows = [r for r in rows if r.check in ("slash replay", "equivocation")]
     assert slash_rows and all(r.ok for r in slash_rows), rows

@@ -25,7 +25,7 @@ from swarm.identity import NodeKey
 from swarm.ledger import fold
 from swarm.messages import RolloutSubmission, Sample, Signed, sign
 from swarm.toploc import proof_size
-from tests.validator_stub import GENESIS, PARAMS, RUN, VERSION, stub_validator
+from tests.validator_stub import GENESIS, MANIFESTS, PARAMS, RUN, VERSION, stub_validator
 
 WORKER = NodeKey.from_seed(hashlib.sha256(b"admission-worker").digest())
 
@@ -51,6 +51,7 @@ def assigned(key: NodeKey = WORKER, counter: int = 0, **changes: Any) -> Rollout
         n_prompts=2,
         suite_size=suite.size,
         excluded=suite.excluded,
+        manifest_id=MANIFESTS[VERSION],
     )
     proof = b"\x00" * proof_size()
     samples = tuple(
@@ -64,6 +65,20 @@ def assigned(key: NodeKey = WORKER, counter: int = 0, **changes: Any) -> Rollout
     )
 
 
+def legacy_assigned() -> RolloutSubmission:
+    """``assigned()`` with the prompts and seed of the assignment that ignores the manifest
+    (what a worker could compute before the version existed)."""
+    suite = suite_for(GENESIS.message)
+    a = assign(RUN, VERSION, WORKER.peer_id, 0, n_prompts=2, suite_size=suite.size)
+    sub = assigned()
+    prompts = tuple(str(p) for p in a.prompt_ids)
+    samples = tuple(
+        dataclasses.replace(s, prompt_id=prompts[j // PARAMS.group_size], seed=a.seed)
+        for j, s in enumerate(sub.samples)
+    )
+    return dataclasses.replace(sub, prompt_ids=prompts, samples=samples)
+
+
 def first_sample(sub: RolloutSubmission, **changes: Any) -> RolloutSubmission:
     return dataclasses.replace(
         sub, samples=(dataclasses.replace(sub.samples[0], **changes), *sub.samples[1:])
@@ -73,6 +88,16 @@ def first_sample(sub: RolloutSubmission, **changes: Any) -> RolloutSubmission:
 REFUSED: dict[str, tuple[str, Any]] = {
     "another run": ("run", lambda: assigned(run_id="cd" * 16)),
     "a version outside the window": ("window", lambda: assigned(policy_version=VERSION + 5)),
+    "a counter at the quota": ("quota", lambda: assigned(counter=PARAMS.quota)),
+    "a counter far past the quota": ("quota", lambda: assigned(counter=10**9)),
+    "a version whose manifest is not known here": (
+        "manifest",
+        lambda: assigned(policy_version=VERSION - 2),
+    ),
+    "the assignment without the manifest id (the pre-quota rule)": (
+        "assignment",
+        lambda: legacy_assigned(),
+    ),
     "unassigned prompts": ("assignment", lambda: assigned(prompt_ids=("1", "2"))),
     "another worker's assignment": (
         "assignment",
@@ -116,6 +141,52 @@ def test_precheck_refuses_before_claim_storage_or_engine(validator: Validator, c
     assert validator.stats.refusals == {check: 1} and validator.stats.judged == 0
 
 
+def test_a_counter_outside_the_quota_is_refused_with_a_one_line_reason(
+    validator: Validator,
+) -> None:
+    signed = sign(assigned(counter=PARAMS.quota), WORKER)
+
+    async def main() -> None:
+        with pytest.raises(ValidationError) as refused:
+            await validator.handle(signed)
+        reason = str(refused.value)
+        assert "\n" not in reason and f"0..{PARAMS.quota - 1}" in reason, reason
+
+    trio.run(main)
+    assert len(validator.claims) == 0 and validator.evidence.store.usage()["objects"] == 0
+    assert validator.evidence.store.get(signed.id) is None
+
+
+async def test_a_worker_grinding_counters_is_refused_past_its_quota(
+    validator: Validator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that makes more requests of one version than the quota, to submit the lucky
+    ones: every counter of the quota is judged (once each), every one past it refused at the
+    door with nothing claimed or stored."""
+    judged: list[int] = []
+
+    async def judge(submission: Signed[RolloutSubmission], ctx: Any) -> Judgement:
+        judged.append(submission.message.counter)
+        return Judgement(False, "soft", ["not the model's tokens"])
+
+    monkeypatch.setattr(validator, "_judge", judge)
+    quota = PARAMS.quota
+    refused: list[int] = []
+    for counter in range(quota + 8):
+        signed = sign(assigned(counter=counter), WORKER)
+        try:
+            await validator.handle(signed)
+        except ValidationError as exc:
+            assert "refused (quota)" in str(exc)
+            refused.append(counter)
+            assert validator.evidence.store.get(signed.id) is None
+            assert not validator.claims.of(WORKER.peer_id, VERSION, counter)
+    assert judged == list(range(quota))
+    assert refused == list(range(quota, quota + 8))
+    assert validator.stats.refusals == {"quota": 8}
+    assert len(validator.claims) == quota
+
+
 async def test_a_worker_with_history_waits_behind_at_most_one_newcomer(
     validator: Validator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -155,7 +226,9 @@ def test_a_token_outside_the_vocabulary_is_rejected_hard_before_any_prefill() ->
     the prefill raise IndexError (the stream reset, the claim held no verdict). Now the judge
     rejects it hard, as a forged sample, before the engine runs."""
     signed = sign(first_sample(assigned(), tokens=(1, 2, 900)), WORKER)
-    ctx = JudgeContext(RUN, PARAMS, suite_for(GENESIS.message), VERSION, fold([], PARAMS))
+    ctx = JudgeContext(
+        RUN, PARAMS, suite_for(GENESIS.message), VERSION, fold([], PARAMS), MANIFESTS
+    )
     verdict = judge(signed, ctx, VocabOnlyEngine(), counter_seen=False)  # type: ignore[arg-type]
     assert verdict.severity == "hard" and not verdict.accepted
     assert "token id 900 outside the vocabulary (259)" in verdict.reasons[0]

@@ -102,6 +102,7 @@ def test_a_quiet_run_has_no_flood_nice_and_no_flood_cost() -> None:
 
 def test_the_version_file_is_replaced_whole(tmp_path: Path) -> None:
     path = tmp_path / "flood.version"
-    flood._write_version(path, 7)
-    flood._write_version(path, 12)
-    assert path.read_text() == "12" and not path.with_suffix(".tmp").exists()
+    flood._write_version(path, {"policy_version": 7})
+    assert path.read_text() == "7"
+    flood._write_version(path, {"policy_version": 12, "policy_manifest": "ab" * 32})
+    assert path.read_text() == "12 " + "ab" * 32 and not path.with_suffix(".tmp").exists()

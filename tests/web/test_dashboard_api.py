@@ -112,6 +112,28 @@ def test_contributors_count_accepted_and_rejected_work_and_ban_the_cheater(
     assert rows[lf.TRAINER.peer_id]["role"] == "trainer"
 
 
+def test_contributors_show_each_workers_requests_of_the_newest_version(
+    client: TestClient, view: RunView
+) -> None:
+    rows = {r["peer"]: r for r in get(client, "/api/v1/contributors?limit=200")["items"]}
+    assert rows[HONEST[0].peer_id]["requests"]["text"] == "1 (v3)"  # this run has no quota
+    assert rows[lf.VALIDATOR.peer_id]["requests"] is None  # not a worker
+    assert view.queries is not None
+    quota = LedgerQueries(
+        view.queries.path, initial_balance=100, ban_threshold=0, quota=64, window=3
+    )
+    try:
+        page = quota.contributors(roles={}, live_seen_ms={}, limit=200)
+    finally:
+        quota.close()
+    rows = {r["peer"]: r for r in page["items"]}
+    honest = rows[HONEST[0].peer_id]["requests"]
+    assert (honest["version"], honest["submitted"], honest["quota"]) == (3, 1, 64)
+    assert honest["text"] == "1 of 64 (v3)"
+    # The cheater's last verdict is of v2: of the newest version it submitted nothing.
+    assert rows[CHEATER.peer_id]["requests"]["text"] == "0 of 64 (v3)"
+
+
 def test_contributors_sort_and_search(client: TestClient) -> None:
     asc = get(client, "/api/v1/contributors?sort=balance&order=asc")["items"]
     assert [r["balance"] for r in asc] == sorted(r["balance"] for r in asc)

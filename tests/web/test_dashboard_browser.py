@@ -14,6 +14,7 @@ installs them where it can: apt-get install chromium chromium-driver).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -208,6 +209,16 @@ async def test_a_browser_sees_the_swarm_train_and_the_cheater_banned(tmp_path: P
             return read
 
         before = {k.peer_id: await screen_until(driver, balance(k.peer_id), 120) for k in workers}
+        # Each worker's requests of the newest version with a verdict, of its quota.
+        quota_cell = re.compile(rf"\d+ of {params.quota} \(v\d+\)")
+        for k in workers:
+            assert await screen_until(
+                driver,
+                lambda d, p=k.peer_id: (
+                    (r := _row(d, "contributors-table", p)) and quota_cell.fullmatch(r[7])
+                ),
+                60,
+            )
         for k in workers:  # and the balances keep growing while the swarm works
             await screen_until(driver, lambda d, p=k.peer_id: (balance(p)(d) or 0) > before[p], 180)
         banned = await screen_until(

@@ -176,6 +176,7 @@ async function loadContributors() {
     const ban = el("span", c.banned ? "banned" : "no", c.banned ? { class: "badge-banned" } : {});
     const tr = row([
       peerCell(c.peer), c.role, c.accepted, c.rejected, c.balance, ban, when(c.last_seen_ms),
+      c.requests ? c.requests.text : "–",
     ], { "data-peer": c.peer });
     if (c.banned) tr.classList.add("banned");
     return tr;
