@@ -117,6 +117,8 @@ def load_genesis(path: Path) -> Signed[RunGenesis]:
         raise ConfigError(f"cannot read run genesis {path}: {exc.strerror}") from exc
     try:
         return decode(data, RunGenesis)
+    except ConfigError as exc:  # signed and intact, but naming rules this version cannot follow
+        raise ConfigError(f"run genesis {path}: {exc}") from exc
     except SwarmError as exc:
         raise type(exc)(
             f"run genesis {path} failed verification ({exc}); it was changed after signing or is"

@@ -11,7 +11,14 @@ from swarm.messages._base import Fields, Message, Signed, decode, decode_as, sig
 from swarm.messages.ledger import LedgerEvent
 from swarm.messages.membership import ROLES, PolicyAnnouncement, Role, RoleAdvert, parse_role
 from swarm.messages.rollouts import REWARD_SCALE, RolloutSubmission, Sample, Verdict
-from swarm.messages.run import FileRef, ModelSpec, RunGenesis, RunParams, run_id_of
+from swarm.messages.run import (
+    LEGACY_PARAMS,
+    FileRef,
+    ModelSpec,
+    RunGenesis,
+    RunParams,
+    run_id_of,
+)
 from swarm.messages.shards import ShardFile, ShardManifest
 from swarm.wire import open_envelope
 
@@ -36,6 +43,7 @@ def decode_any(data: bytes) -> Signed[Any]:
 
 __all__ = [
     "KINDS",
+    "LEGACY_PARAMS",
     "LIMITS",
     "MESSAGE_TYPES",
     "REWARD_SCALE",
