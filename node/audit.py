@@ -42,7 +42,7 @@ from pathlib import Path
 
 import msgpack
 
-from node.bundle import BUNDLE_FORMAT, pack_bundle
+from node.bundle import BUNDLE_FORMAT, pack_bundle, policy_of
 from node.compute.torch_engine import TorchEngine
 from node.home import resolve_home
 from node.model.text import chat_template_wanted
@@ -455,7 +455,9 @@ def ledger_manifests(ledger: Path) -> ManifestSource:
 
 
 def export_bundle(ledger: Path, submission_id: bytes, out: Path) -> None:
-    """Write the self-contained proof bundle of one judged submission."""
+    """Write the self-contained proof bundle of one judged submission, with the announcement of
+    its policy version when the evidence store beside ``ledger`` holds it (a run with a quota:
+    ``node.bundle.policy_of``), so that ``audit BUNDLE`` replays it without ``--db``."""
     store = LedgerStore.open_existing(ledger)
     evidence = EvidenceStore.beside(ledger) if ledger.with_name("evidence.db").exists() else None
     lookup = EvidenceLookup(store, evidence)
@@ -472,7 +474,8 @@ def export_bundle(ledger: Path, submission_id: bytes, out: Path) -> None:
     if submission is None or verdict is None:
         raise ConfigError(f"no evidence for submission {submission_id.hex()} in {ledger}")
     related_raw = [r.raw for r in lookup.related(verdict)]
-    data = pack_bundle(store.genesis.raw, submission.raw, verdict.raw, related_raw)
+    policy = policy_of(store.genesis, submission.message.policy_version, lookup.announcements())
+    data = pack_bundle(store.genesis.raw, submission.raw, verdict.raw, related_raw, policy)
     store.close()
     if evidence is not None:
         evidence.close()

@@ -13,16 +13,21 @@ Decisions this module owns:
 - **Evidence from the holders.** A slash cites a verdict; the verdict names the submission (and
   an equivocation's verdict the other one). A node that lacks one of them (a bootstrap peer, a
   worker) fetches it by id over the ``evidence`` protocol from the run's validators, checks that
-  the bytes hash to the id and every signature, then packs the bundle.
+  the bytes hash to the id and every signature, then packs the bundle. The bundle of a run with
+  a quota also holds the trainer-signed announcement of the submission's version (the
+  assignment mixes its manifest id, so the bundle replays alone): the one the node's policy
+  tracker accepted (``RunView.announced``), else one kept in the evidence store beside the
+  ledger (what validators keep, kind ``policy-announcement``); none when neither holds it.
 - Holder lookups are bounded: the newest ``HOLDER_VERSIONS`` versions, every ``every_s``.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,7 +35,7 @@ from typing import Any, TypeVar
 import anyio
 import trio
 
-from node.bundle import pack_bundle
+from node.bundle import pack_bundle, policy_of
 from node.web.queries import LedgerQueries
 from swarm.errors import SwarmError
 from swarm.evidence import address_of
@@ -175,6 +180,9 @@ class RunView:
     host: Any = None
     """The libp2p host, to fetch evidence this node does not hold."""
     peer_id: str = ""
+    announced: Mapping[int, Signed[PolicyAnnouncement]] = field(default_factory=dict)
+    """The announcement the node's policy tracker accepted per version (``accepted``), for
+    bundles."""
 
     @property
     def params(self) -> Any:
@@ -195,7 +203,9 @@ class RunView:
     async def bundle(self, worker: str, verdict_id: bytes) -> bytes | None:
         """The audit bundle of the verdict ``verdict_id`` (what a slash cites): the verdict, the
         submission it judged and any other submission it names, from this node's ledger and
-        evidence, else from the validators; None when some part is held by nobody reachable."""
+        evidence, else from the validators; None when some part is held by nobody reachable. A run
+        with a quota: with the announcement of the submission's version when this node holds it
+        (module docstring)."""
         from node.roles.judge import OTHER_SUBMISSION
 
         try:
@@ -213,7 +223,20 @@ class RunView:
         except (SwarmError, ValueError) as exc:
             log.info("bundle of %s: %s", verdict_id.hex()[:16], exc)
             return None
-        return pack_bundle(self.genesis.raw, submission.raw, verdict.raw, related)
+        version = submission.message.policy_version
+        policy = await anyio.to_thread.run_sync(
+            policy_of, self.genesis, version, self._announcements(version)
+        )
+        return pack_bundle(self.genesis.raw, submission.raw, verdict.raw, related, policy)
+
+    def _announcements(self, version: int) -> Iterator[bytes]:
+        """Announcements that may be of ``version``, read lazily: the tracker's, then the
+        evidence store's beside the ledger (read-only, opened only when the tracker lacks it)."""
+        held = self.announced.get(version)
+        if held is not None:
+            yield held.raw
+        if self.queries is not None:
+            yield from _kept_announcements(self.queries.path.with_name("evidence.db"))
 
     async def _envelope(self, object_id: bytes, kind: type[M]) -> Signed[M] | None:
         raw = None
@@ -242,6 +265,25 @@ class RunView:
                 return raw
             log.info("evidence %s from %s: other bytes", object_id.hex()[:16], validator[-8:])
         return None
+
+
+def _kept_announcements(evidence: Path) -> list[bytes]:
+    """Every policy announcement an evidence store file holds, oldest first, on a read-only
+    connection of its own ([] when there is no such file or it cannot be read)."""
+    if not evidence.exists():
+        return []
+    try:
+        db = sqlite3.connect(f"{evidence.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            rows = db.execute(
+                "SELECT raw FROM objects WHERE kind = ? ORDER BY rowid", (PolicyAnnouncement.KIND,)
+            ).fetchall()
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        log.info("announcements of %s: %s", evidence, exc)
+        return []
+    return [bytes(raw) for (raw,) in rows]
 
 
 def _genesis_roles(genesis: Signed[RunGenesis]) -> dict[str, str]:
@@ -313,6 +355,7 @@ def node_view(node: Any, ledger_path: Path | None, feed: Any = None) -> RunView:
         private=_private_paths(home),
         host=node.overlay.host,
         peer_id=node.peer_id,
+        announced=node.policy.accepted,
     )
 
 
@@ -356,4 +399,5 @@ def bootstrap_view(boot: Any, genesis: Signed[RunGenesis], home: Path | None) ->
         private=_private_paths(home),
         host=boot.overlay.host,
         peer_id=boot.peer_id,
+        announced=tracker.accepted,
     )

@@ -17,7 +17,9 @@ Decisions this module owns:
   with ``verdicts=``) brings the verdict. Pending events are outside the event set: they count
   for nothing and sync does not offer them.
 - Reads never fold the ledger: ``balance``, ``banned``, ``page``, ``disputes`` and
-  ``balances().by_peer`` (a live view) are index lookups, whatever the ledger's size.
+  ``balances().by_peer`` (a live view) are index lookups, whatever the ledger's size; so is the
+  quota tally's read of the newest versions' verdicts (``views.read_quota_use``, through
+  ``verdicts_version``; ``IF NOT EXISTS`` at open gives a file from before it the index).
 - Sync reads range summaries (``swarm.ledger.reconcile``): an in-memory ``RangeIndex`` of the
   top ranges, built once per process (one scan of the ids, about 0.2 s per 100,000 events: the
   replica builds it in a thread with ``scan_index``/``adopt_index``, or the first sync builds it
@@ -88,6 +90,7 @@ CREATE TABLE IF NOT EXISTS verdicts (
     created_at INTEGER NOT NULL,
     raw BLOB NOT NULL
 );
+CREATE INDEX IF NOT EXISTS verdicts_version ON verdicts (policy_version);
 """
 _FACTS = (
     "SELECT id, submission, worker, validator, accepted, severity, samples, policy_version,"

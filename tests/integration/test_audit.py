@@ -17,6 +17,7 @@ from node.audit import (
     ledger_manifests,
     policy_dir_source,
 )
+from node.bundle import pack_bundle, policy_of
 from node.compute.torch_engine import TorchEngine
 from node.model import DEFAULT_MODEL_DIR
 from node.rl.rollout import generate_groups
@@ -93,25 +94,34 @@ def test_audit_agrees_with_an_honest_validator_and_bundles_replay(
     assert [r.check for r in rows].count("slash replay") == 1
     assert [r.check for r in rows].count("accept replay") == 1
 
+    # An exported bundle of this quota run holds v0's announcement: it replays alone (no --db).
     bundle = tmp_path / "cheat.bundle"
     export_bundle(tmp_path / "ledger.db", cheat.id, bundle)
+    assert msgpack.unpackb(bundle.read_bytes(), raw=False)["policy"] == [ANNOUNCED.raw]
+    assert all(r.ok for r in audit_bundle(bundle, policy_dir_source(None)))
+    export_bundle(tmp_path / "ledger.db", honest.id, tmp_path / "honest.bundle")
+    assert all(r.ok for r in audit_bundle(tmp_path / "honest.bundle", policy_dir_source(None)))
+    # Without the announcement the replay cannot derive the assignment: unchecked, named; the
+    # evidence store beside the ledger gives the manifest id (--db).
+    packed = msgpack.unpackb((tmp_path / "honest.bundle").read_bytes(), raw=False)
+    without = tmp_path / "without-policy.bundle"
+    without.write_bytes(
+        pack_bundle(packed["genesis"], packed["submission"], packed["verdict"], packed["related"])
+    )
+    honest_rows = audit_bundle(without, policy_dir_source(None))
+    assert [r.ok for r in honest_rows] == [None] and "v0" in honest_rows[0].detail
     manifests = ledger_manifests(tmp_path / "ledger.db")
     assert manifests(0) == MANIFEST
-    assert all(r.ok for r in audit_bundle(bundle, policy_dir_source(None), manifests=manifests))
-    export_bundle(tmp_path / "ledger.db", honest.id, tmp_path / "honest.bundle")
-    honest_rows = audit_bundle(tmp_path / "honest.bundle", policy_dir_source(None))
-    # Without the manifest id of v0 the replay cannot derive the assignment: unchecked, named.
-    assert [r.ok for r in honest_rows] == [None] and "v0" in honest_rows[0].detail
-    with_policy = tmp_path / "with-policy.bundle"
-    packed = msgpack.unpackb((tmp_path / "honest.bundle").read_bytes(), raw=False)
-    with_policy.write_bytes(msgpack.packb({**packed, "policy": [ANNOUNCED.raw]}))
-    assert all(r.ok for r in audit_bundle(with_policy, policy_dir_source(None)))
+    assert all(r.ok for r in audit_bundle(without, policy_dir_source(None), manifests=manifests))
 
     with pytest.raises(SystemExit) as done:
         main(["audit", str(tmp_path / "ledger.db")])
     assert done.value.code == 0 and "audit agrees" in capsys.readouterr().out
     with pytest.raises(SystemExit) as done:
-        main(["audit", str(bundle), "--db", str(tmp_path / "ledger.db")])
+        main(["audit", str(bundle)])
+    assert done.value.code == 0 and "audit agrees" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(["audit", str(without), "--db", str(tmp_path / "ledger.db")])
     assert done.value.code == 0 and "audit agrees" in capsys.readouterr().out
 
     with pytest.raises(SystemExit):
@@ -191,6 +201,42 @@ def test_a_legacy_run_replays_the_assignment_without_a_manifest(
     store.close()
     rows = audit_ledger(tmp_path / "ledger.db", policy_dir_source(None))
     assert [r.ok for r in rows if r.check == "accept replay"] == [True], rows
+
+
+def test_a_bundle_without_announcements_packs_to_the_bytes_of_before_the_policy_key() -> None:
+    """Old bundles keep their exact bytes: ``policy`` is written only when there is one."""
+    before = bytes.fromhex(
+        "85a6666f726d6174b9737761726d2d6e6f64652f70726f6f662d62756e646c652f31a767656e65736973c4"
+        "0767656e65736973aa7375626d697373696f6ec40a7375626d697373696f6ea776657264696374c40776"
+        "657264696374a772656c6174656491c40772656c61746564"
+    )
+    args = (b"genesis", b"submission", b"verdict", [b"related"])
+    assert pack_bundle(*args) == before
+    assert pack_bundle(*args, policy=()) == before
+    with_policy = msgpack.unpackb(pack_bundle(*args, policy=[b"announcement"]), raw=False)
+    assert with_policy["policy"] == [b"announcement"]
+    assert {k: v for k, v in with_policy.items() if k != "policy"} == msgpack.unpackb(
+        before, raw=False
+    )
+
+
+def test_policy_of_keeps_the_announcement_the_audit_counts() -> None:
+    """Of this run, signed by a genesis trainer, of the submission's version; none for a run
+    without a quota (its bundles keep their old bytes)."""
+    stranger = sign(PolicyAnnouncement(RUN, 0, bytes([6]) * 32, 1), HONEST)
+    other_version = sign(PolicyAnnouncement(RUN, 1, MANIFEST, 1), TRAINER)
+    held = [b"junk", stranger.raw, other_version.raw, ANNOUNCED.raw]
+    assert policy_of(GENESIS, 0, held) == [ANNOUNCED.raw]
+    assert policy_of(GENESIS, 2, held) == []
+    legacy = create_genesis(
+        OWNER,
+        name="legacy",
+        trainers=[TRAINER.peer_id],
+        validators=[VALIDATOR.peer_id],
+        params=dataclasses.replace(PARAMS, quota=0),
+        created_at=1,
+    )
+    assert policy_of(legacy, 0, held) == []
 
 
 def test_audit_of_a_missing_or_foreign_file_is_a_clear_error(

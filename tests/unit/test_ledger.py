@@ -21,6 +21,8 @@ from swarm.identity import NodeKey
 from swarm.ledger import EQUIVOCATION, Balances, LedgerStore, check_event, fold
 from swarm.ledger.recheck import recheck
 from swarm.ledger.rules import VerdictFacts
+from swarm.ledger.store import SCHEMA_VERSION
+from swarm.ledger.views import read_quota_use
 from swarm.messages import LedgerEvent, RunParams, Signed, Verdict, decode, run_id_of, sign
 
 OWNER = NodeKey.from_seed(b"\x01" * 32)
@@ -418,6 +420,35 @@ def test_a_validators_verdict_is_kept_once_with_its_version_and_counter(tmp_path
         "SELECT worker, accepted, samples, reward_sum, policy_version, counter FROM verdicts"
     ).fetchall()
     assert row == [(WORKERS[0], 1, 2, 500_000, 3, 7)]
+
+
+def test_a_ledger_from_before_the_version_index_gains_it_at_open(tmp_path: Path) -> None:
+    """``read_quota_use`` reads the verdicts of the newest versions through ``verdicts_version``
+    (no scan of every verdict); a ledger file written before the index gets it when a node
+    opens it (``IF NOT EXISTS`` at open), with its layout version unchanged."""
+    store = LedgerStore(tmp_path / "l.db", GENESIS)
+    store.add_verdict(_verdict(VALIDATOR))
+    store._db.execute("DROP INDEX verdicts_version")  # as a file written before the index
+    store.close()
+    store = LedgerStore(tmp_path / "l.db", GENESIS)
+    indexes = {r[0] for r in store._db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert "verdicts_version" in indexes
+    assert dict(store._db.execute("SELECT key, value FROM meta"))["schema"] == SCHEMA_VERSION
+    plans = [
+        " ".join(str(r[-1]) for r in store._db.execute("EXPLAIN QUERY PLAN " + sql, args))
+        for sql, args in (
+            ("SELECT coalesce(max(policy_version), -1) FROM verdicts", ()),
+            (
+                "SELECT worker, policy_version, counter, accepted FROM verdicts"
+                " WHERE policy_version > ? AND counter >= 0",
+                (0,),
+            ),
+        )
+    ]
+    assert all("verdicts_version" in plan for plan in plans), plans
+    store.close()
+    tally = read_quota_use(tmp_path / "l.db", quota=64, keep=2)
+    assert [(u.worker, u.version, u.submitted) for u in tally.rows()] == [(WORKERS[0], 3, 1)]
 
 
 def test_a_verdict_from_a_non_validator_or_another_run_is_refused(tmp_path: Path) -> None:

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgpack
 import pytest
 import trio
 
 from bootstrap.service import BootstrapConfig, BootstrapPeer
+from node.bundle import BUNDLE_FORMAT
 from node.web.queries import LedgerQueries
 from node.web.serve import serve_dashboard
 from node.web.views import HolderWatch, PolicyLog, RunView, bootstrap_view, node_view
@@ -244,7 +246,10 @@ async def test_a_browser_sees_the_swarm_train_and_the_cheater_banned(tmp_path: P
             slashes = (await http.get(vurl + "api/v1/slashes")).json()["items"]
             assert slashes[0]["evidence_held"] is True
             own = await http.get(vurl + slashes[0]["bundle_url"].lstrip("/"))
-            assert own.status_code == 200 and own.content.startswith(b"\x85")
+            assert own.status_code == 200
+            packed = msgpack.unpackb(own.content, raw=False)
+            assert packed["format"] == BUNDLE_FORMAT
+            assert packed["policy"], "a quota run's bundle carries its version's announcement"
         logs = await in_browser(lambda: driver.get_log("browser"))
         assert not [e for e in logs if e["level"] == "SEVERE"], logs  # no script or load error
         shot = tmp_path / "dashboard.png"

@@ -1,21 +1,25 @@
 """A node without a slash's evidence (a bootstrap peer, a worker) gets its audit bundle from the
 validator over the ``evidence`` protocol (real libp2p hosts on 127.0.0.1), and refuses evidence
-that does not hash to the id asked for or does not verify."""
+that does not hash to the id asked for or does not verify; a bundle of a run with a quota holds
+the announcement of its version when the node holds one."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgpack
 import trio
 
+from node.bundle import pack_bundle
 from node.roles.evidence import EvidenceService
 from node.runtime import Node, RuntimeConfig
 from node.web.queries import LedgerQueries
 from node.web.views import HolderWatch, PolicyLog, RunView
 from swarm.evidence import EvidenceStore
 from swarm.identity import NodeKey
+from swarm.messages import PolicyAnnouncement, Signed, sign
 from tests import ledger_factory as lf
 from tests.netfactory import loopback_config
 
@@ -66,7 +70,12 @@ async def test_a_node_without_evidence_fetches_the_bundle_from_the_validator(
     store.close()
 
 
-def _view(queries: LedgerQueries, host: object, peer_id: str) -> RunView:
+def _view(
+    queries: LedgerQueries,
+    host: object,
+    peer_id: str,
+    announced: Mapping[int, Signed[PolicyAnnouncement]] | None = None,
+) -> RunView:
     return RunView(
         run_id=lf.RUN_ID,
         genesis=lf.genesis(),
@@ -77,7 +86,42 @@ def _view(queries: LedgerQueries, host: object, peer_id: str) -> RunView:
         roles=dict,
         host=host,
         peer_id=peer_id,
+        announced=announced or {},
     )
+
+
+async def test_a_quota_runs_bundle_holds_the_announcement_of_its_version(tmp_path: Path) -> None:
+    """The run has a quota, so the bundle carries the trainer-signed announcement of the
+    submission's version (``audit BUNDLE`` then needs no --db): the one the node's policy
+    tracker accepted, else the one kept in the evidence store beside the ledger; without one it
+    is the bundle of before, byte for byte."""
+    assert lf.genesis().message.params.quota > 0
+    store = lf.build(tmp_path / "ledger.db", [lf.Work(CHEAT, 1, False)])
+    (subject,) = [bytes(e) for (e,) in store._db.execute(SLASHED)]
+    v1 = sign(PolicyAnnouncement(lf.RUN_ID, 1, b"\x07" * 32, 5), lf.TRAINER)
+    v2 = sign(PolicyAnnouncement(lf.RUN_ID, 2, b"\x08" * 32, 6), lf.TRAINER)
+    forged = sign(PolicyAnnouncement(lf.RUN_ID, 1, b"\x09" * 32, 4), CHEAT)  # not a trainer
+    queries = LedgerQueries(store.path, initial_balance=100, ban_threshold=0)
+
+    plain = await _view(queries, None, "").bundle(CHEAT.peer_id, subject)
+    assert plain is not None
+    fields = msgpack.unpackb(plain, raw=False)
+    assert "policy" not in fields
+    assert plain == pack_bundle(
+        fields["genesis"], fields["submission"], fields["verdict"], fields["related"]
+    )
+
+    tracked = await _view(queries, None, "", {1: v1, 2: v2}).bundle(CHEAT.peer_id, subject)
+    assert tracked is not None and msgpack.unpackb(tracked)["policy"] == [v1.raw]
+
+    evidence = EvidenceStore.beside(store.path)  # a validator after a restart: no tracker entry
+    for announcement in (v2, forged, v1):
+        evidence.put(announcement.raw, PolicyAnnouncement.KIND, pinned=True)
+    evidence.close()
+    kept = await _view(queries, None, "").bundle(CHEAT.peer_id, subject)
+    assert kept == tracked
+    queries.close()
+    store.close()
 
 
 async def test_a_bundle_is_refused_when_the_evidence_does_not_verify(tmp_path: Path) -> None:
