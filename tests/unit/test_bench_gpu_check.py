@@ -72,3 +72,12 @@ def test_the_cpu_smoke_run_writes_every_figure_and_rejects_no_honest_sample(
 def test_the_cuda_smoke_run_rejects_no_honest_sample(tmp_path: Path) -> None:
     result = _smoke(tmp_path, "cuda")
     assert result["dtype"] == "bfloat16" and result["false_positives"] == 0
+
+
+def test_the_bench_checks_under_the_genesis_defaults() -> None:
+    """The bench copies the defaults (it runs where msgpack may be missing); keep them equal."""
+    from swarm.messages import RunParams
+
+    p = RunParams()
+    assert gpu_check.TIE_TOLERANCE == {"float32": p.tie_tol_fp32, "bfloat16": p.tie_tol_bf16}
+    assert gpu_check.MAX_TOLERATED_PER_1K == p.max_tolerated_per_1k
