@@ -68,8 +68,9 @@ class PrefillStates:
         self._prefill = prefill
         self.hidden = prefill.hidden
 
-    def logits(self, start: int, stop: int) -> np.ndarray:
-        """float32 [stop - start, vocab]: the rows of positions ``start..stop-1``."""
+    def logits(self, start: int, stop: int) -> Any:
+        """float32 [stop - start, vocab]: the rows of positions ``start..stop-1``, a numpy
+        array or a torch tensor on the engine's device (the check runs where they are)."""
         return self._prefill.logits[start:stop]
 
 
