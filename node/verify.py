@@ -18,7 +18,9 @@ and returns one :class:`SampleVerdict` per sample with the numbers that decided 
 3. proofs (:func:`swarm.toploc.verify_proofs`): one proof per 32 tokens, checked against the
    validator's hidden states under the run's thresholds.
 
-4. submission aggregate (optional, ``submission_mant_err_mean``): the mean of ``mant_err_mean``
+4. submission aggregates: the tolerated positions of all the samples together, bounded like a
+   sample's (``max_tolerated_per_1k`` per 1,000 of their tokens, :func:`submission_tolerated`),
+   and optionally (``submission_mant_err_mean``) the mean of ``mant_err_mean``
    over every chunk of the submission. Per-chunk thresholds must leave room for honest precision
    noise, and on a tiny model a slightly different model (weights with 1% noise) stays inside
    them chunk by chunk; averaged over a submission the two separate cleanly. On the embedded
@@ -355,6 +357,28 @@ def check_claims(
     return [v for v in verdicts if v is not None]
 
 
+def submission_tolerated(
+    verdicts: list[SampleVerdict], max_per_1k: int, hard_factor: float = 2.0
+) -> tuple[bool, str] | None:
+    """(hard, reason) when the samples of one submission, together, hold more tolerated
+    positions than ``max_per_1k`` per 1,000 of their tokens (counted as at least 1,000), else
+    None. The per-sample bound alone lets each short sample use the whole 1,000-token
+    allowance; together a submission's samples get one allowance for all their tokens, so a
+    cheater swapping runner-ups keeps at most ``max_per_1k`` per 1,000 positions."""
+    if max_per_1k <= 0:
+        return None
+    checks = [v.sampling for v in verdicts if v.sampling is not None]
+    tokens = sum(c.n_tokens for c in checks)
+    tolerated = sum(c.tolerated for c in checks)
+    allowed = max_per_1k * max(tokens, 1000) // 1000
+    if tolerated <= allowed:
+        return None
+    return tolerated > allowed * hard_factor, (
+        f"submission: {tolerated} tolerated near-tie positions in {tokens} tokens exceed the"
+        f" bound of {allowed} (max_tolerated_per_1k={max_per_1k})"
+    )
+
+
 def verify_samples(
     engine: Engine,
     claims: list[SampleClaim],
@@ -383,6 +407,10 @@ def verify_samples(
         max_tolerated_per_1k=max_tolerated_per_1k,
     )
     done = engine.verify(claims, settings)
+    over = submission_tolerated(done, max_tolerated_per_1k, hard_factor)
+    if over is not None:
+        hard, why = over
+        done = [replace(v, ok=False, hard=v.hard or hard, reasons=[*v.reasons, why]) for v in done]
     if submission_mant_err_mean is not None:
         errs = [c.mant_err_mean for v in done if v.ok for c in v.proofs]
         mean = sum(errs) / len(errs) if errs else 0.0

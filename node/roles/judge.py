@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from node.compute.engine import Engine
 from node.rl.rollout import sample_index, score_samples
 from node.run import TaskSource
-from node.verify import SampleClaim, SampleVerdict, verify_samples
+from node.verify import SampleClaim, SampleVerdict, submission_tolerated, verify_samples
 from swarm.assignment import assign, assignment_key, quota_refusal
 from swarm.errors import ConfigError
 from swarm.ledger import EQUIVOCATION, Balances
@@ -387,6 +387,10 @@ def judge(
         "tie_tolerance": f"{tolerance:g}",
         **tolerated_metrics(results),
     }
+    over = submission_tolerated(results, p.max_tolerated_per_1k)
+    if over is not None and not failed:
+        hard, why = over
+        return Judgement(False, "hard" if hard else "soft", [why], metrics=metrics)
     aggregate = _submission_proof_check(checks, p.toploc_max_submission_mant_mean, metrics)
     if aggregate is not None and not failed:
         return aggregate

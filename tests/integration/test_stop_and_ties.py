@@ -23,7 +23,7 @@ from node.rl.rollout import generate_groups
 from node.rl.submission import build_submission
 from node.roles.judge import JudgeContext, judge
 from node.tasks.suite import default_suite
-from node.verify import SampleClaim, VerifySettings, check_claims
+from node.verify import SampleClaim, VerifySettings, check_claims, verify_samples
 from swarm.assignment import assign
 from swarm.identity import NodeKey
 from swarm.ledger import Balances
@@ -222,3 +222,32 @@ def test_honest_work_at_both_precisions_is_credited_under_the_defaults(
     torch.manual_seed(0)
     ok, why = credited(validator, worker, params)
     assert ok, why
+
+
+def test_a_submission_of_short_samples_shares_one_allowance() -> None:
+    """Each sample alone is inside its (1,000-token) allowance; together they are not."""
+    engine, claim = runner_up_claims(6)  # 6 tolerated in 200 tokens: inside 8 per sample
+    five = [claim] * 5  # 30 tolerated in 1,000 tokens: past 8 per 1,000
+    verdicts = verify_samples(
+        engine,
+        five,
+        temperature=1.0,
+        max_tokens=TOKENS,
+        tie_tolerance=0.25,
+        max_tolerated_per_1k=8,
+    )
+    assert not any(v.ok for v in verdicts)
+    assert all(
+        "submission: 30 tolerated near-tie positions in 1000 tokens" in v.reasons[-1]
+        for v in verdicts
+    )
+    assert all(v.hard for v in verdicts)  # 30 > 2 x 8
+    alone = verify_samples(
+        engine,
+        [claim],
+        temperature=1.0,
+        max_tokens=TOKENS,
+        tie_tolerance=0.25,
+        max_tolerated_per_1k=8,
+    )
+    assert alone[0].ok
