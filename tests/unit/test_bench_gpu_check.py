@@ -79,5 +79,5 @@ def test_the_bench_checks_under_the_genesis_defaults() -> None:
     from swarm.messages import RunParams
 
     p = RunParams()
-    assert gpu_check.TIE_TOLERANCE == {"float32": p.tie_tol_fp32, "bfloat16": p.tie_tol_bf16}
-    assert gpu_check.MAX_TOLERATED_PER_1K == p.max_tolerated_per_1k
+    assert {"float32": p.tie_tol_fp32, "bfloat16": p.tie_tol_bf16} == gpu_check.TIE_TOLERANCE
+    assert p.max_tolerated_per_1k == gpu_check.MAX_TOLERATED_PER_1K
