@@ -26,7 +26,8 @@ against plain transformers sampling, and >= 10,000 honest samples verified on th
    ``--fp-cpu-samples`` of them (default: all) on the CPU in float32, plus ``--cpu-samples`` of
    the throughput model's samples on the CPU, under the run's defaults (``RunParams``: tie
    tolerance 1.1 when either side ran bf16, 0.001 when both ran float32; at most 30 tolerated
-   positions per 1,000 tokens, per sample and per batch). ``false_positives`` counts every rejected honest sample.
+   positions per 1,000 tokens, per sample and per batch). ``false_positives`` counts every
+   rejected honest sample.
 
 Imports only torch, transformers, tokenizers, numpy, safetensors and this repository's engine,
 sampling, TOPLOC, verification, model and task modules (no libp2p, trio or msgpack). Prints a
