@@ -42,7 +42,7 @@ from pathlib import Path
 
 import msgpack
 
-from node.bundle import BUNDLE_FORMAT, pack_bundle, policy_of
+from node.bundle import BUNDLE_FORMAT, pack_bundle, policy_of, trainer_announcements
 from node.compute.torch_engine import TorchEngine
 from node.home import resolve_home
 from node.model.text import chat_template_wanted
@@ -77,17 +77,9 @@ def no_manifests(version: int) -> bytes | None:
 def announced_manifests(genesis: Signed[RunGenesis], raws: Iterable[bytes]) -> dict[int, bytes]:
     """Version -> manifest id from signed announcements: only those of this run signed by one
     of its genesis trainers, the first of each version (what the validators' gate accepted)."""
-    run_id = run_id_of(genesis)
-    trainers = set(genesis.message.trainers)
     out: dict[int, bytes] = {}
-    for raw in raws:
-        try:
-            announcement = decode(raw, PolicyAnnouncement)
-        except SwarmError:
-            continue
-        a = announcement.message
-        if announcement.signer in trainers and a.run_id == run_id:
-            out.setdefault(a.version, a.manifest_id)
+    for _, a in trainer_announcements(genesis, raws):
+        out.setdefault(a.version, a.manifest_id)
     return out
 
 

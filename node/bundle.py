@@ -14,7 +14,7 @@ audit would count (of this run, signed by a genesis trainer, the first held of t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import msgpack
 
@@ -45,20 +45,31 @@ def pack_bundle(
     return msgpack.packb(bundle, use_bin_type=True)  # type: ignore[no-any-return]
 
 
-def policy_of(genesis: Signed[RunGenesis], version: int, raws: Iterable[bytes]) -> list[bytes]:
-    """What a bundle of a submission of ``version`` holds as ``policy``, of the announcements
-    ``raws`` (read lazily, up to the first that counts): that one alone, or nothing when none
-    counts or the run has no quota (its assignment does not mix the manifest id)."""
-    g = genesis.message
-    if not g.params.quota:
-        return []
+def trainer_announcements(
+    genesis: Signed[RunGenesis], raws: Iterable[bytes]
+) -> Iterator[tuple[bytes, PolicyAnnouncement]]:
+    """The announcements among ``raws`` (read lazily) that count for ``genesis``: of this run,
+    signed by one of its genesis trainers (what the validators' gate accepts); anything else,
+    undecodable bytes included, is skipped. What the audit's manifest ids and ``policy_of``
+    both read."""
     run_id = run_id_of(genesis)
+    trainers = set(genesis.message.trainers)
     for raw in raws:
         try:
             announcement = decode(raw, PolicyAnnouncement)
         except SwarmError:
             continue
-        a = announcement.message
-        if a.version == version and a.run_id == run_id and announcement.signer in g.trainers:
+        if announcement.signer in trainers and announcement.message.run_id == run_id:
+            yield raw, announcement.message
+
+
+def policy_of(genesis: Signed[RunGenesis], version: int, raws: Iterable[bytes]) -> list[bytes]:
+    """What a bundle of a submission of ``version`` holds as ``policy``, of the announcements
+    ``raws`` (read lazily, up to the first that counts): that one alone, or nothing when none
+    counts or the run has no quota (its assignment does not mix the manifest id)."""
+    if not genesis.message.params.quota:
+        return []
+    for raw, announcement in trainer_announcements(genesis, raws):
+        if announcement.version == version:
             return [raw]
     return []
