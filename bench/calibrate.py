@@ -77,9 +77,11 @@ from node.compute.torch_engine import TorchEngine  # noqa: E402
 from node.model import DEFAULT_MODEL_DIR  # noqa: E402
 from node.model import tokenizer as byte_tokenizer  # noqa: E402
 from node.model.loading import model_info, torch_dtype  # noqa: E402
+from node.roles.judge import tie_tolerance  # noqa: E402
 from node.tasks import default_suite  # noqa: E402
 from node.verify import DEFAULT_MODEL_SUBMISSION_MANT_ERR as SUBMISSION_MANT_ERR  # noqa: E402
-from node.verify import SampleClaim, SampleVerdict, verify_samples  # noqa: E402
+from node.verify import SampleClaim, SampleVerdict, tolerated_allowed, verify_samples  # noqa: E402
+from swarm.messages import RunParams  # noqa: E402
 from swarm.sampling import draw_noise, mix32, request_key  # noqa: E402
 from swarm.toploc import TOPK, ProofThresholds, build_proofs_batch  # noqa: E402
 
@@ -129,11 +131,13 @@ class Defaults:
     max_tolerated_per_1k: int
 
     def tolerance(self, worker: str, validator: str) -> float:
-        return self.tie_tol_fp32 if worker == validator == "float32" else self.tie_tol_bf16
+        """The validator's rule (``node.roles.judge.tie_tolerance``) under these defaults."""
+        params = RunParams(tie_tol_fp32=self.tie_tol_fp32, tie_tol_bf16=self.tie_tol_bf16)
+        return tie_tolerance(params, worker, validator)
 
     def allowed(self, n_tokens: int) -> int:
-        """As ``VerifySettings.tolerated_allowed``: the bound scaled, floor 1,000 tokens."""
-        return self.max_tolerated_per_1k * max(n_tokens, 1000) // 1000
+        """``node.verify.tolerated_allowed`` under these defaults."""
+        return tolerated_allowed(self.max_tolerated_per_1k, n_tokens)
 
 
 # -- models and engines --------------------------------------------------------------------------

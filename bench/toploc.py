@@ -32,6 +32,7 @@ from node.compute.engine import Generation
 from node.compute.torch_engine import TorchEngine
 from node.model import DEFAULT_MODEL_DIR, load_causal_lm
 from node.model import tokenizer as tok
+from node.roles.judge import tie_tolerance
 from node.tasks import default_suite
 from node.verify import DEFAULT_MODEL_SUBMISSION_MANT_ERR as SUBMISSION
 from node.verify import SampleClaim, verify_samples
@@ -52,10 +53,9 @@ def claims_of(
 
 
 def settings(worker: str, validator: str) -> dict[str, object]:
-    """The genesis defaults for this pair of precisions (node.roles.judge.tie_tolerance)."""
-    both32 = worker == validator == "float32"
+    """The genesis defaults for this pair of precisions, as the judge picks them."""
     return {
-        "tie_tolerance": DEFAULTS.tie_tol_fp32 if both32 else DEFAULTS.tie_tol_bf16,
+        "tie_tolerance": tie_tolerance(DEFAULTS, worker, validator),
         "max_tolerated_per_1k": DEFAULTS.max_tolerated_per_1k,
         "sampler": DEFAULTS.sampler,
     }

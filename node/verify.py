@@ -77,6 +77,13 @@ BYTES_PER_LOGIT = 56
 scores and partition: 4 + 6 x 8 bytes per vocabulary entry and position."""
 
 
+def tolerated_allowed(max_per_1k: int, n_tokens: int) -> int:
+    """Tolerated positions ``n_tokens`` tokens (a sample, or a submission's samples together)
+    may hold: ``max_per_1k`` scaled to them, never below the 1,000-token allowance, so a short
+    honest sample is not rejected for one near tie."""
+    return max_per_1k * max(n_tokens, 1000) // 1000
+
+
 @dataclass(frozen=True)
 class VerifySettings:
     """The run's verification parameters, sent with the claims to where the model is."""
@@ -94,12 +101,10 @@ class VerifySettings:
     """Tolerated positions a sample may hold per 1,000 tokens (0 = no bound)."""
 
     def tolerated_allowed(self, n_tokens: int) -> int | None:
-        """How many tolerated positions a sample of ``n_tokens`` may hold (None: no bound):
-        ``max_tolerated_per_1k`` scaled to the sample, never below the 1,000-token allowance,
-        so a short honest sample is not rejected for one near tie."""
+        """How many tolerated positions a sample of ``n_tokens`` may hold (None: no bound)."""
         if self.max_tolerated_per_1k <= 0:
             return None
-        return self.max_tolerated_per_1k * max(n_tokens, 1000) // 1000
+        return tolerated_allowed(self.max_tolerated_per_1k, n_tokens)
 
     def rows_per_chunk(self, vocab: int) -> int:
         return max(1, self.chunk_bytes // (max(1, vocab) * BYTES_PER_LOGIT))
@@ -370,7 +375,7 @@ def submission_tolerated(
     checks = [v.sampling for v in verdicts if v.sampling is not None]
     tokens = sum(c.n_tokens for c in checks)
     tolerated = sum(c.tolerated for c in checks)
-    allowed = max_per_1k * max(tokens, 1000) // 1000
+    allowed = tolerated_allowed(max_per_1k, tokens)
     if tolerated <= allowed:
         return None
     return tolerated > allowed * hard_factor, (

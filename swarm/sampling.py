@@ -102,6 +102,14 @@ def request_key(seed: int, sample: int) -> tuple[int, int]:
     return int.from_bytes(d[0:4], "little"), int.from_bytes(d[4:8], "little")
 
 
+def request_keys(seeds: Sequence[int], samples: Sequence[int]) -> torch.Tensor:
+    """:func:`request_key` of every (seed, sample) row: int64 ``[rows, 2]`` on the CPU."""
+    import torch
+
+    keys = [request_key(int(s), int(j)) for s, j in zip(seeds, samples, strict=True)]
+    return torch.tensor(keys, dtype=torch.int64).reshape(-1, 2)
+
+
 def _signed32(m: int) -> int:
     """``m`` (an odd u32) as the int in ``(-2**31, 2**31)`` congruent to it mod 2**32."""
     return m - (1 << 32) if m >= 1 << 31 else m
@@ -272,10 +280,7 @@ def draw_noise(
         step_list = steps.tolist() if isinstance(steps, torch.Tensor) else list(steps)
         rows = noise_rows(list(zip(seeds, samples, step_list, strict=True)), vocab)
         return torch.from_numpy(rows).to(device)
-    keys = torch.tensor(
-        [request_key(int(s), int(j)) for s, j in zip(seeds, samples, strict=True)],
-        dtype=torch.int64,
-    ).reshape(-1, 2)
+    keys = request_keys(seeds, samples)
     steps_t = steps if isinstance(steps, torch.Tensor) else torch.tensor(list(steps))
     if steps_t.shape[0] != keys.shape[0]:
         raise ProofError(f"{steps_t.shape[0]} steps for {keys.shape[0]} (seed, sample) rows")
@@ -338,20 +343,12 @@ class SeededRows:
     def __init__(
         self, seeds: Sequence[int], samples: Sequence[int], *, sampler: str, device: Any
     ) -> None:
-        import torch
 
         if len(seeds) != len(samples):
             raise ProofError(f"{len(seeds)} seeds for {len(samples)} samples")
         self.sampler = check_sampler(sampler)
         self.seeds, self.samples = list(seeds), list(samples)
-        self._keys = (
-            torch.tensor(
-                [request_key(int(s), int(j)) for s, j in zip(seeds, samples, strict=True)],
-                dtype=torch.int64,
-            )
-            .reshape(-1, 2)
-            .to(device)
-        )
+        self._keys = request_keys(seeds, samples).to(device)
 
     def choose(self, logits: torch.Tensor, step: int, temperature: float) -> torch.Tensor:
         """Tokens (int64 [rows], on the logits' device) of step ``step`` for ``logits``
