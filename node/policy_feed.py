@@ -14,6 +14,13 @@ someone shows it work of a version it has not heard of (``pull``).
 Version 0 is the run's model: when the genesis binds a model card, every node checks that the
 assembled v0 file is the card's weights (sha256) before using it, refuses (and deletes) one that
 is not, and pins v0, so a contributor who joins late can still fetch the model from its peers.
+
+A version may travel as a patch against its parent (``ShardManifest.base``; docs/shardcast.md).
+``fetch_version`` then makes sure the base is held first (fetching it, and so the chain back to
+the newest snapshot, when it is not), fetches the patch's shards like any version's, and
+reconstructs the weights, checked tensor by tensor against the manifest; a reconstruction that
+differs is refused and deleted (``refused_patches``). ``transfers`` keeps, per version, the bytes
+that travelled against the version's full size, for ``status``, the dashboard and summary.json.
 """
 
 from __future__ import annotations
@@ -38,10 +45,12 @@ from swarm.shardcast import (
     ShardStore,
     announced_manifest,
     inline_manifest,
-    publish,
 )
 from swarm.shardcast.datachannel import DataChannelConfig
+from swarm.shardcast.delta import PatchError, apply_patch
 from swarm.shardcast.fetch import ProgressCallback
+from swarm.shardcast.publish import publish_version
+from swarm.shardcast.split import split_files
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +82,10 @@ class PolicyFeed:
         self.service: ShardcastService | None = None
         self._locks: dict[int, trio.Lock] = {}
         self._v0_checked = False
+        self.transfers: dict[int, dict[str, int | bool]] = {}
+        """Per version: ``bytes`` that travelled (fetched here, or published), ``full`` (the
+        version's weights), ``patch`` (whether it travelled as a patch)."""
+        self.refused_patches = 0
         self._refused_v0: bytes | None = None
         """The manifest id of a v0 refused as not the card's weights: never fetched again."""
 
@@ -166,10 +179,9 @@ class PolicyFeed:
         return {v: m for v, m in known.items() if m is not None}
 
     def path_of(self, version: int) -> Path | None:
-        """The safetensors file of a complete local version, or None."""
-        if self.store.is_complete(version):
-            return self.store.directory(version) / "data"
-        return None
+        """What loads a complete local version (its safetensors file, or the directory of a
+        sharded version's files), or None."""
+        return self.store.weights_path(version)
 
     def _service(self) -> ShardcastService:
         if self.service is None:
@@ -195,7 +207,7 @@ class PolicyFeed:
             return manifest
         self._discard_own_partial(version)
         manifest = await trio.to_thread.run_sync(
-            lambda: publish(
+            lambda: publish_version(
                 weights,
                 key=node.key,
                 genesis=node.config.genesis,
@@ -203,6 +215,8 @@ class PolicyFeed:
                 store=self.store,
             )
         )
+        self._count(manifest.message, manifest.message.total_size)
+        await trio.to_thread.run_sync(self._finish, version)
         if version == 0:
             await self._check_v0(self.store.directory(0) / "data")
         await self._service().advertise(version)
@@ -278,21 +292,99 @@ class PolicyFeed:
         async with self._locks.setdefault(version, trio.Lock()):
             local = self.path_of(version)
             if local is None:
-                result = await self._service().fetch(
+                service = self._service()
+                if manifest is None or manifest.message.version != version:
+                    manifest = await service.manifest(version)
+                if manifest.message.is_patch:
+                    await self._hold_base(manifest.message)
+                result = await service.fetch(
                     version, config=self.fetch_config, on_progress=on_progress, manifest=manifest
                 )
+                moved = result.progress.fetched_bytes
                 log.info(
-                    "policy v%d fetched: %d shards (%d resumed) in %.2f s",
+                    "policy v%d fetched: %d shards (%d resumed), %.2f MiB%s in %.2f s",
                     version,
                     result.fetched_shards,
                     result.resumed_shards,
+                    moved / 2**20,
+                    " (a patch)" if manifest.message.is_patch else "",
                     result.seconds,
                 )
-                local = result.path
+                self._count(self.store.manifest(version).message, moved)
+                if manifest.message.is_patch:
+                    await self._hold_base(manifest.message)  # retention may have thinned it
+                await trio.to_thread.run_sync(self._finish, version)
+                local = self.path_of(version)
+                if local is None:
+                    raise ValidationError(f"policy v{version} is not complete after its fetch")
             if version == 0:
                 await self._check_v0(local)
         self._locks.pop(version, None)
         return local
+
+    async def _hold_base(self, manifest: ShardManifest) -> None:
+        """The weights of a patch's base, fetched (with the chain before it) when not held."""
+        assert manifest.base is not None
+        if self.store.weights_bytes(manifest.base) is None:
+            log.info(
+                "policy v%d is a patch against v%d, which is not held here: fetching it first",
+                manifest.version,
+                manifest.base,
+            )
+            await self.fetch_version(manifest.base)
+        if self.store.manifest(manifest.base).id != manifest.base_id:
+            raise ValidationError(
+                f"policy v{manifest.version} patches a v{manifest.base} that is not the held one"
+            )
+
+    def _finish(self, version: int) -> None:
+        """Make a complete version loadable: reconstruct a patch (checked against the
+        manifest's tensor hashes), split a sharded version into its files. A patch that does
+        not reconstruct the signed bytes is refused and deleted."""
+        manifest = self.store.manifest(version).message
+        directory = self.store.directory(version)
+        if manifest.is_patch and not (directory / "weights").is_file():
+            assert manifest.base is not None
+            held = self.store.weights_bytes(manifest.base)
+            if held is None:
+                raise ValidationError(f"the base v{manifest.base} of policy v{version} is gone")
+            base, spans = held
+            try:
+                apply_patch(
+                    base,
+                    directory / "data",
+                    directory / "weights",
+                    tensors=manifest.tensors,
+                    header_sha256=manifest.header_sha256,
+                    base_files=spans,
+                )
+            except PatchError as exc:
+                self.refused_patches += 1
+                shutil.rmtree(directory, ignore_errors=True)
+                raise ValidationError(f"policy v{version} refused and deleted: {exc}") from exc
+        elif len(manifest.files) > 1:
+            split_files(directory, manifest)
+
+    def _count(self, manifest: ShardManifest, moved: int) -> None:
+        self.transfers[manifest.version] = {
+            "bytes": moved,
+            "full": manifest.full_size,
+            "patch": manifest.is_patch,
+        }
+        for old in sorted(self.transfers)[: -max(64, self.store.keep)]:
+            del self.transfers[old]
+
+    def transfer_view(self) -> dict[str, Any]:
+        """Bytes per version (patch against full) and bytes saved, for status and summaries."""
+        moved = sum(int(t["bytes"]) for t in self.transfers.values())
+        full = sum(int(t["full"]) for t in self.transfers.values())
+        return {
+            "versions": {str(v): dict(t) for v, t in sorted(self.transfers.items())},
+            "bytes": moved,
+            "full_bytes": full,
+            "saved_bytes": max(0, full - moved),
+            "refused_patches": self.refused_patches,
+        }
 
     async def _check_v0(self, path: Path) -> None:
         """Version 0 must be the model card's weights; pinned once checked."""
@@ -311,4 +403,6 @@ class PolicyFeed:
         self._v0_checked = True
 
     def status(self) -> dict[str, Any]:
-        return {} if self.service is None else self.service.status()
+        if self.service is None:
+            return {}
+        return {**self.service.status(), "transfers": self.transfer_view()}

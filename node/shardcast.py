@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from swarm.errors import NetworkError, PeerError
+from swarm.errors import NetworkError, PeerError, SwarmError
 from swarm.messages import RunGenesis, ShardManifest, Signed, run_id_of
 from swarm.net.host import peer_ids
 from swarm.shardcast import (
@@ -190,6 +190,26 @@ class ShardcastService:
                 log.debug("provider lookup failed: %s", exc)
         me = self.node.peer_id
         return [p for p in dict.fromkeys(found) if p != me]
+
+    async def manifest(self, version: int) -> Signed[ShardManifest]:
+        """The verified manifest of ``version`` from its providers (held copies first)."""
+        try:
+            return self.store.manifest(version)
+        except SwarmError:
+            pass
+        peers = self._sample(await self.providers(version))
+        if not peers:
+            raise PeerError(
+                f"no provider of policy v{version} is known: no trainer or connected peer;"
+                " check --bootstrap and that a trainer serves the version"
+            )
+        source = StreamShardSource(self.node)
+        try:
+            return await fetch_manifest(
+                source, peers, self.genesis, version, origins=self.genesis.message.trainers
+            )
+        finally:
+            source.close()
 
     async def fetch(
         self,

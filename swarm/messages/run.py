@@ -27,6 +27,9 @@ def run_id_of(genesis: Signed[RunGenesis]) -> str:
     return genesis.id[:16].hex()
 
 
+SERVE_DTYPES = ("bfloat16", "float32")
+
+
 @dataclass(frozen=True, slots=True)
 class RunParams:
     """The run's parameters with their defaults (the design's recipe)."""
@@ -77,6 +80,15 @@ class RunParams:
     """Tolerated positions per 1,000 tokens that a sample, and a submission's samples together,
     may hold (counted as at least 1,000 tokens); past it the work is rejected (0 = no bound).
     Honest bf16 pairs hold at most 0.3% of positions (campaign)."""
+    serve_dtype: str = "bfloat16"
+    """The dtype policy versions are published in (``SERVE_DTYPES``): what inference runs. The
+    trainer keeps float32 master weights and its optimizer in its child either way."""
+    snapshot_every: int = 10
+    """Every ``snapshot_every``-th version travels whole (a snapshot); the versions between
+    travel as patches against their parent (docs/shardcast.md). 1: every version whole."""
+    patch_max_share: float = 0.5
+    """A patch above this share of its version's full size is not worth it: the trainer
+    publishes that version whole instead (a dense update)."""
 
     # Keys this version does not know are kept (and re-signed unchanged) but not interpreted.
     extra: Mapping[str, int | str | bool] = field(default_factory=dict)
@@ -98,6 +110,13 @@ class RunParams:
             raise ConfigError(
                 f"run parameter rejudge_share is a share in [0, 1], not {self.rejudge_share}"
             )
+        if self.serve_dtype not in SERVE_DTYPES:
+            raise ConfigError(
+                f"run parameter serve_dtype must be one of {', '.join(SERVE_DTYPES)},"
+                f" not {self.serve_dtype[:32]!r}"
+            )
+        if self.snapshot_every < 1:
+            raise ConfigError("run parameter snapshot_every must be at least 1 (1: no patches)")
         if self.sampler not in SAMPLERS:
             raise ConfigError(
                 f"the run uses sampler {self.sampler[:32]!r}, which this swarm-node does not know"
@@ -135,9 +154,12 @@ LEGACY_PARAMS: Mapping[str, int | str] = {
     "tie_tol_fp32": "0.25",
     "tie_tol_bf16": "0.25",
     "max_tolerated_per_1k": 0,
+    "serve_dtype": "float32",
+    "snapshot_every": 1,
 }
 """What a genesis signed before issue 24 meant by leaving these keys out: the numpy sampler, one
-tolerance of 0.25 at every precision, no near-tie bound, unbounded counters."""
+tolerance of 0.25 at every precision, no near-tie bound, unbounded counters; and before issue 25:
+float32 versions, each published whole."""
 
 
 def _parse_param(key: str, annotation: Any, value: Any, *, strings: bool) -> Any:

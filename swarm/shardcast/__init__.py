@@ -21,7 +21,13 @@ from swarm.shardcast.manifest import (
     verify_manifest,
 )
 from swarm.shardcast.peers import PeerBoard, PeerStats
-from swarm.shardcast.publish import DEFAULT_SHARD_SIZE, check_safetensors, cut, publish
+from swarm.shardcast.publish import (
+    DEFAULT_SHARD_SIZE,
+    check_safetensors,
+    cut,
+    publish,
+    publish_version,
+)
 from swarm.shardcast.source import ShardNotHeld, ShardSink, ShardSource
 from swarm.shardcast.store import ShardStore, VersionFile, VersionInfo
 
@@ -45,5 +51,6 @@ __all__ = [
     "fetch_version",
     "inline_manifest",
     "publish",
+    "publish_version",
     "verify_manifest",
 ]

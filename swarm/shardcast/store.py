@@ -9,6 +9,16 @@ Layout under the store root::
                                       the manifest's sha256 and were fsynced
     <root>/v<version:012d>/complete   written atomically (tmp + rename) after a final fsync
     <root>/v<version:012d>/pinned     present: retention never removes this version
+    <root>/v<version:012d>/weights    a patch (``ShardManifest.base``): the reconstructed
+                                      safetensors file, checked tensor by tensor against the
+                                      manifest (``swarm.shardcast.delta``); ``data`` is the patch
+    <root>/v<version:012d>/files/     a version of several files (a sharded checkpoint): each
+                                      file by its name, split out of ``data`` to be loaded
+
+Retention keeps the newest ``keep`` versions, the pinned ones, and the chain a joiner needs to
+reconstruct them: every version from the newest snapshot (a version that is not a patch) at or
+before the oldest kept one. A version kept only for that chain keeps its patch, not its
+reconstructed weights (``prune``); they are rebuilt from the chain when asked for.
 
 Crash safety: a shard's ``verified`` byte is written only after its data is fsynced, and the
 byte itself is fsynced before the shard counts as held, so after SIGKILL a restarted fetch trusts
@@ -325,19 +335,71 @@ class ShardStore:
             marker.unlink(missing_ok=True)
 
     def usage(self, versions: list[int] | None = None) -> int:
-        """Bytes the data files of ``versions`` (default all) take, at their full size."""
+        """Bytes the files of ``versions`` (default all) take, at their full size (a patch's
+        reconstructed weights and a sharded version's split files included)."""
         total = 0
         for v in self.versions() if versions is None else versions:
             with contextlib.suppress(StorageError):
-                total += self.manifest(v).message.total_size
+                manifest = self.manifest(v).message
+                total += manifest.total_size
+                if self.weights_path(v) not in (None, self.directory(v) / "data"):
+                    total += manifest.full_size
         return total
 
+    def weights_path(self, version: int) -> Path | None:
+        """What loads version ``version``: its safetensors file (``data``, or a patch's
+        reconstructed ``weights``), or the ``files/`` directory of a sharded version; ``None``
+        while it is not complete, reconstructed and split."""
+        directory = self.directory(version)
+        if not self.is_complete(version):
+            return None
+        try:
+            manifest = self.manifest(version).message
+        except StorageError:
+            return None
+        if manifest.is_patch:
+            weights = directory / "weights"
+            return weights if weights.is_file() else None
+        if len(manifest.files) > 1:
+            files = directory / "files"
+            return files if (files / ".complete").exists() else None
+        return directory / "data"
+
+    def weights_bytes(self, version: int) -> tuple[Path, list[tuple[int, int]] | None] | None:
+        """Version ``version``'s weights as bytes (what a patch against it applies to): the
+        file and, for several files concatenated, each file's ``(offset, size)``."""
+        directory = self.directory(version)
+        if not self.is_complete(version):
+            return None
+        try:
+            manifest = self.manifest(version).message
+        except StorageError:
+            return None
+        if manifest.is_patch:
+            weights = directory / "weights"
+            return (weights, None) if weights.is_file() else None
+        spans = manifest.file_spans() if len(manifest.files) > 1 else None
+        return directory / "data", spans
+
+    def _chain_start(self, versions: list[int], oldest_kept: int) -> int:
+        """The newest snapshot at or before ``oldest_kept`` (the chain's first version)."""
+        for v in reversed([v for v in versions if v <= oldest_kept]):
+            try:
+                if not self.manifest(v).message.is_patch:
+                    return v
+            except StorageError:
+                continue
+        return oldest_kept
+
     def retained_after(self, version: int) -> list[int]:
-        """Versions retention keeps once ``version`` is added: the newest ``keep`` plus pinned."""
+        """Versions retention keeps once ``version`` is added: the newest ``keep``, the
+        pinned, and the chain from the newest snapshot at or before the oldest of those."""
         all_versions = sorted({*self.versions(), version})
         newest = all_versions[-self.keep :]
         pinned = [v for v in all_versions if (self.directory(v) / "pinned").exists()]
-        return sorted({*newest, *pinned})
+        start = self._chain_start(all_versions, newest[0])
+        chain = [v for v in all_versions if start <= v < newest[0]]
+        return sorted({*newest, *pinned, *chain})
 
     def check_room(self, manifest: ShardManifest) -> None:
         """Refuse a fetch that cannot fit: over the disk budget, or more than the free space.
@@ -376,11 +438,18 @@ class ShardStore:
         """Delete versions retention does not keep; returns the versions removed."""
         anchor = keep_also if keep_also is not None else (self.versions() or [0])[-1]
         kept = set(self.retained_after(anchor))
+        all_versions = sorted({*self.versions(), anchor})
+        loaded = set(all_versions[-self.keep :]) | {
+            v for v in all_versions if (self.directory(v) / "pinned").exists()
+        }
         removed = []
         for v in self.versions():
             if v not in kept:
                 shutil.rmtree(self.directory(v), ignore_errors=True)
                 removed.append(v)
+            elif v not in loaded:
+                # Kept for a joiner's chain only: the patch stays, its reconstruction goes.
+                (self.directory(v) / "weights").unlink(missing_ok=True)
         return removed
 
     def iter_info(self) -> Iterator[VersionInfo]:
