@@ -2,9 +2,11 @@
 
     .venv/bin/python bench/rl_inprocess.py [--json PATH] [--minutes 3] [--lr 2e-4]
         [--group-size 8] [--batch-prompts 16] [--max-tokens 12] [--max-grad-norm 0.1]
+        [--serve-dtype bfloat16|float32] [--versions N] [--run-id inprocess]
 
 Runs :func:`node.rl.inprocess.train_inprocess` (one policy version per GRPO step, no network,
-no proofs) for ``--minutes`` of wall time and reports:
+no proofs) for ``--minutes`` of wall time (or ``--versions`` steps, whichever comes first) and
+reports:
   start / end     greedy and sampled (T = 1) reward per family on held-out tasks
                   (ids 90,000 + k, --eval-per-family per family, seeded, not used in training)
   reward_by_version  mean sampled reward of each version's own training batch
@@ -12,6 +14,10 @@ no proofs) for ``--minutes`` of wall time and reports:
                   (--window versions) of the batch reward first stands +0.1 / +0.2 / +0.3
                   above the start's held-out sampled mean
   params          the RunParams used (defaults here are the recommended demo set)
+  reward_by_range mean batch reward per range of --window versions (0-24, 25-49, ...)
+Rollouts come from each version as served (``--serve-dtype``, the genesis default when not
+given): float32 masters rounded through it, loaded into the float32 CPU engine as a worker
+loads the published file. The end evaluation runs the last version as served too.
 Prints a table last. One torch thread by default: on two shared, oversubscribed cores two
 threads ran up to 10x slower per version than one (the model is tiny; threads contend).
 """
@@ -30,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from node.compute.grpo import served_weights
 from node.compute.torch_engine import TorchEngine
 from node.model import DEFAULT_MODEL_DIR
 from node.model import tokenizer as tok
@@ -79,6 +86,16 @@ def reached(
     return out
 
 
+def by_range(results: list[VersionResult], width: int) -> dict[str, float]:
+    """``{"0-24": mean batch reward of versions 0..24, ...}`` (the last range may be short)."""
+    out = {}
+    for lo in range(0, len(results), width):
+        part = results[lo : lo + width]
+        key = f"{part[0].version}-{part[-1].version}"
+        out[key] = round(sum(r.mean_reward for r in part) / len(part), 3)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="In-process GRPO on the embedded default model")
     ap.add_argument("--json", type=Path)
@@ -92,6 +109,9 @@ def main() -> None:
     ap.add_argument("--eval-per-family", type=int, default=100)
     ap.add_argument("--window", type=int, default=25)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--serve-dtype", choices=("bfloat16", "float32"), default=None)
+    ap.add_argument("--versions", type=int, default=1_000_000)
+    ap.add_argument("--run-id", default="inprocess", help="assignments and seeds derive from it")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -102,6 +122,7 @@ def main() -> None:
         batch_prompts=args.batch_prompts,
         max_tokens=args.max_tokens,
         max_grad_norm=args.max_grad_norm,
+        **({"serve_dtype": args.serve_dtype} if args.serve_dtype else {}),
     )
     engine = TorchEngine.from_dir(args.model, dtype="float32")
     ev = args.eval_per_family, args.max_tokens
@@ -120,14 +141,17 @@ def main() -> None:
     t0 = time.perf_counter()
     results = train_inprocess(
         params,
-        steps=1_000_000,
+        steps=args.versions,
         model_dir=args.model,
         suite=suite,
+        run_id=args.run_id,
         time_limit_s=args.minutes * 60,
         on_version=progress,
         engine=engine,
     )
     wall = time.perf_counter() - t0
+    # The policy as served (workers, inference): the masters rounded through serve_dtype.
+    engine.model.load_state_dict(served_weights(engine.model.state_dict(), params.serve_dtype))
     end = {
         "greedy": evaluate(engine, suite, ev[0], 0.0, ev[1]),
         "sampled": evaluate(engine, suite, ev[0], params.temperature, ev[1]),
@@ -150,6 +174,7 @@ def main() -> None:
         "batch_reward_first_window": round(first, 3),
         "batch_reward_last_window": round(last, 3),
         "seconds_and_version_to": reached(results, base, [0.1, 0.2, 0.3], w),
+        "reward_by_range": by_range(results, every),
         "reward_by_version": [[r.version, round(r.elapsed_s, 2), r.mean_reward] for r in results],
     }
     if args.json:
@@ -163,9 +188,11 @@ def main() -> None:
     print(f"batch reward, last {w} versions: {last:.3f}")
     print(f"[seconds, version] at which the trailing-{w} batch reward first reached the start's")
     print(f"held-out sampled mean + gain: {report['seconds_and_version_to']}")
+    print(f"serve_dtype {params.serve_dtype}; batch reward by range: {report['reward_by_range']}")
 
 
 _REPORTED = (
+    "serve_dtype",
     "learning_rate",
     "group_size",
     "batch_prompts",

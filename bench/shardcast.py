@@ -2,6 +2,12 @@
 seeders, re-serving vs origin-only, receiver memory.
 
     .venv/bin/python bench/shardcast.py [--json PATH] [--size-mib 256] [--dir DIR]
+        [--files N] [--no-reserve]
+
+``--files N`` publishes the checkpoint as a sharded model of N safetensors files (one version
+of N files, as ``model-0000k-of-0000N.safetensors`` ship) and also times the split of the
+received version into its files (``split_s``, ``split_mib_s``: what a holder does once before
+loading).
 
 What runs where: seeders are ``DataChannelServer``s (zero-copy ``sendfile``) in this process;
 the measured receiver of the pull runs is a child process (``--role receiver``) running the real
@@ -12,7 +18,8 @@ streams; they are a few hundred bytes per shard. The re-serving run puts all 7 n
 process, each with its own store, data channel and upload cap.
 
 JSON keys: ``raw_limit_mib_s``, ``pull_mib_s`` {"1","2","4"}, ``ratio_vs_raw``,
-``rate_limited_efficiency``, ``reserve_speedup``, ``receiver_peak_rss_mib`` and the details.
+``rate_limited_efficiency``, ``reserve_speedup``, ``receiver_peak_rss_mib``, ``files``,
+``split_s`` and the details.
 """
 
 from __future__ import annotations
@@ -47,13 +54,16 @@ from swarm.shardcast import FetchConfig, ShardStore, fetch_version, publish
 from swarm.shardcast.datachannel import DataChannelConfig, DataChannelServer, DataChannelSource
 from swarm.shardcast.local import DirectControl
 from swarm.shardcast.serve import ShardServer
+from swarm.shardcast.split import split_files
 
 MIB = 1024 * 1024
 ROOT = Path(__file__).resolve().parents[1]
 
 
 # --- set-up ---------------------------------------------------------------------------------
-def make_checkpoint(path: Path, size: int) -> None:
+def make_checkpoint(path: Path, size: int, files: int = 1) -> list[Path]:
+    """A checkpoint of about ``size`` bytes: one file at ``path``, or ``files`` shard files
+    beside it (tensors of at most 32 MiB, dealt out in order)."""
     rng = np.random.default_rng(0)
     per = 32 * MIB // 4
     tensors, left, i = {}, size, 0
@@ -64,7 +74,17 @@ def make_checkpoint(path: Path, size: int) -> None:
         i += 1
         if n == 0:
             break
-    save_file(tensors, str(path))
+    if files == 1:
+        save_file(tensors, str(path))
+        return [path]
+    names = list(tensors)
+    paths = []
+    for k in range(files):
+        part = names[k * len(names) // files : (k + 1) * len(names) // files]
+        shard = path.with_name(f"model-{k + 1:05d}-of-{files:05d}.safetensors")
+        save_file({name: tensors.pop(name) for name in part}, str(shard))
+        paths.append(shard)
+    return paths
 
 
 def genesis_for(trainer: NodeKey) -> Signed[RunGenesis]:
@@ -326,6 +346,8 @@ def main() -> None:
     parser.add_argument("--cap-mib", type=float, default=32.0, help="per-seeder cap C")
     parser.add_argument("--reserve-cap-mib", type=float, default=64.0, help="upload cap per node")
     parser.add_argument("--receivers", type=int, default=6)
+    parser.add_argument("--files", type=int, default=1, help="a sharded model of N files")
+    parser.add_argument("--no-reserve", action="store_true", help="skip the re-serving runs")
     default_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
     parser.add_argument("--dir", default=default_dir, help="where stores go (default: tmpfs)")
     parser.add_argument("--role", default="main", help=argparse.SUPPRESS)
@@ -344,19 +366,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-shardcast-", dir=args.dir) as tmp:
         workdir = Path(tmp)
         ckpt = workdir / "policy.safetensors"
-        make_checkpoint(ckpt, args.size_mib * MIB)
+        files = make_checkpoint(ckpt, args.size_mib * MIB, args.files)
         trainer_key = NodeKey.generate()
         g = genesis_for(trainer_key)
         trainer = ShardStore(workdir / "trainer")
         signed = publish(
-            ckpt,
+            files,
             key=trainer_key,
             genesis=g,
             version=1,
             store=trainer,
             shard_size=args.shard_mib * MIB,
         )
-        ckpt.unlink()
+        for f in files:
+            f.unlink()
         total = signed.message.total_size
         data_path = trainer.directory(1) / "data"
         console.print(
@@ -383,11 +406,21 @@ def main() -> None:
             f"libp2p shard stream: {libp2p['stream']:.0f} MiB/s; data channel negotiated on"
             f" libp2p: {libp2p['channel']:.0f} MiB/s"
         )
-        rcap = args.reserve_cap_mib * MIB
-        origin_only = trio.run(reserve_run, workdir, trainer, signed, args.receivers, rcap, False)
-        console.print(f"origin-only, {args.receivers} receivers: {origin_only:.1f} s")
-        reserving = trio.run(reserve_run, workdir, trainer, signed, args.receivers, rcap, True)
-        console.print(f"every holder serves: {reserving:.1f} s")
+        split_s = 0.0
+        if args.files > 1:
+            # What a holder does once a sharded version is complete: split it into its files.
+            began = time.perf_counter()
+            split_files(trainer.directory(1), signed.message)
+            split_s = time.perf_counter() - began
+            console.print(f"split into {args.files} files: {split_s:.2f} s")
+        origin_only = reserving = float("nan")
+        if not args.no_reserve:
+            rcap = args.reserve_cap_mib * MIB
+            n = args.receivers
+            origin_only = trio.run(reserve_run, workdir, trainer, signed, n, rcap, False)
+            console.print(f"origin-only, {args.receivers} receivers: {origin_only:.1f} s")
+            reserving = trio.run(reserve_run, workdir, trainer, signed, n, rcap, True)
+            console.print(f"every holder serves: {reserving:.1f} s")
 
     best = max(pulls.values())
     shard_mib = args.shard_mib
@@ -398,9 +431,9 @@ def main() -> None:
         "rate_limited_efficiency": round(efficiency, 3),
         "rate_limited_cap_mib_s": args.cap_mib,
         "rate_limited_aggregate_mib_s": round(limited["mib_s"], 1),
-        "reserve_speedup": round(origin_only / reserving, 3),
-        "reserve_origin_only_s": round(origin_only, 2),
-        "reserve_every_holder_s": round(reserving, 2),
+        "reserve_speedup": None if args.no_reserve else round(origin_only / reserving, 3),
+        "reserve_origin_only_s": None if args.no_reserve else round(origin_only, 2),
+        "reserve_every_holder_s": None if args.no_reserve else round(reserving, 2),
         "reserve_receivers": args.receivers,
         "reserve_cap_mib_s": args.reserve_cap_mib,
         "receiver_peak_rss_mib": round(rss, 1),
@@ -408,6 +441,9 @@ def main() -> None:
         "libp2p_negotiated_channel_pull_mib_s": round(libp2p["channel"], 1),
         "receiver_rss_goal_mib": 2 * shard_mib + 200,
         "size_mib": args.size_mib,
+        "files": args.files,
+        "split_s": round(split_s, 3),
+        "split_mib_s": round(total / MIB / split_s, 1) if split_s else None,
         "shard_mib": shard_mib,
         "store_dir": args.dir or tempfile.gettempdir(),
         "machine": (

@@ -254,6 +254,7 @@ def audit(
         no_manifests,
         policy_dir_source,
     )
+    from node.audit_weights import checked_source, store_manifests
 
     if not target:
         if run is None or not bootstrap_peers:
@@ -280,6 +281,10 @@ def audit(
         raise ConfigError("audit takes one LEDGER_DB or BUNDLE")
     path = Path(target[0])
     source = policy_dir_source(policy_dir)
+    if policy_dir is not None:
+        # A trainer's run folder keeps the signed manifests beside its policies: every file is
+        # checked against its version's tensor hashes before a replay uses it.
+        source = checked_source(source, store_manifests(policy_dir.parent / "shards"))
     assets = AuditAssets(model=model, tasks=tasks, home=home)
     if is_ledger_file(path):
         rows = audit_ledger(path, source, credits=credits, assets=assets)
@@ -306,6 +311,7 @@ def _audit_swarm(
 
     from node.audit import audit_ledger
     from node.audit_swarm import gather
+    from node.audit_weights import checked_source, store_manifests
 
     genesis = load_genesis(run)
     for addr in bootstrap:
@@ -320,7 +326,7 @@ def _audit_swarm(
     try:
         rows = audit_ledger(
             gathered.ledger,
-            gathered.policy_path,
+            checked_source(gathered.policy_path, store_manifests(gathered.shards)),
             credits=n,
             evidence=evidence,
             assets=assets,

@@ -503,9 +503,24 @@ def _role_rows(table: Table, role_status: dict[str, Any]) -> None:
     disk = role_status.get("disk") or {}
     if disk:
         table.add_row("disk used", f"{disk.get('total', 0) / 2**20:.1f} MiB under the run folder")
-    fetch = (role_status.get("shardcast") or {}).get("fetch")
+    shardcast = role_status.get("shardcast") or {}
+    fetch = shardcast.get("fetch")
     if fetch:
         table.add_row("download", json.dumps(fetch)[:120])
+    transfers = shardcast.get("transfers") or {}
+    for version, t in list((transfers.get("versions") or {}).items())[-3:]:
+        kind = "patch" if t.get("patch") else "whole"
+        table.add_row(f"policy v{version}", f"{kind}: {_mib(t['bytes'])} of {_mib(t['full'])} MiB")
+    if transfers.get("versions"):
+        table.add_row(
+            "policy bytes",
+            f"{_mib(transfers['bytes'])} MiB moved, {_mib(transfers['saved_bytes'])} MiB saved"
+            f" against whole versions ({transfers.get('refused_patches', 0)} patches refused)",
+        )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f}"
 
 
 def register(app: typer.Typer) -> None:

@@ -31,6 +31,7 @@ from cli.net import (
 from node.run import load_genesis
 from node.runtime import Node, RuntimeConfig
 from node.shardcast import MIB, ShardcastService, open_store
+from node.version_chain import VersionChain
 from swarm.errors import PeerError
 from swarm.messages import RunGenesis, Signed, run_id_of
 from swarm.net import policy_topic
@@ -85,7 +86,10 @@ async def _serving(
 
 @shardcast_app.command("publish")
 def publish_cmd(
-    file: Annotated[Path, typer.Argument(help="A safetensors checkpoint.")],
+    files: Annotated[
+        list[Path],
+        typer.Argument(help="A safetensors checkpoint, or the files of a sharded one in order."),
+    ],
     version: Annotated[int, typer.Option("--version", help="The policy version.", min=0)],
     run: RunOption,
     shard_mib: Annotated[
@@ -101,14 +105,15 @@ def publish_cmd(
     listen: ListenOption = None,
     home: HomeOption = None,
 ) -> None:
-    """Cut FILE into shards, sign the manifest (genesis trainers only), store it; then serve
-    it, advertise it and announce it on the policy topic."""
+    """Cut FILES (one version: a checkpoint, or a sharded checkpoint's files) into shards,
+    sign the manifest (genesis trainers only), store it; then serve it, advertise it and
+    announce it on the policy topic. Published here, a version travels whole."""
     node_home = open_home(home)
     genesis = load_genesis(run)
     key = node_home.load_key()
     store = open_store(node_home.path, genesis, max_disk)
     signed = publish(
-        file,
+        files[0] if len(files) == 1 else files,
         key=key,
         genesis=genesis,
         version=version,
@@ -219,8 +224,13 @@ def fetch_cmd(
                     )
                 except PeerError as exc:
                     raise PeerError(f"{exc} (waited {wait:g} s for providers)") from exc
+                # A patch needs its base (and the chain back to a snapshot) to load; a sharded
+                # version is split into its files.
+                loaded = await VersionChain(service.store).weights(
+                    service, result.version, config=FetchConfig(concurrency=concurrency)
+                )
             console.print(
-                f"version {result.version} complete at {result.path}: {result.fetched_shards}"
+                f"version {result.version} complete at {loaded}: {result.fetched_shards}"
                 f" shards fetched, {result.resumed_shards} already on disk, in"
                 f" {result.seconds:.1f} s",
                 highlight=False,

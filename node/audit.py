@@ -205,10 +205,11 @@ class _Engines:
         card = self.genesis.model
         path = self.source(version)
         if path is None and version == 0 and self.assets.v0_from_model:
-            # Version 0 is the model's own weights: the card's file, or (a genesis from
-            # before cards) the model directory's model.safetensors.
+            # Version 0 is the model's own weights: the card's file, the model directory of a
+            # sharded card (its index names the shards), or (a genesis from before cards) the
+            # model directory's model.safetensors.
             name = card.weights.name if card.weights is not None else "model.safetensors"
-            path = self.model_dir() / name
+            path = self.model_dir() if card.sharded else self.model_dir() / name
         if path is None:
             raise ConfigError(
                 f"weights of policy version {version} not found; pass --policy-dir with"

@@ -10,7 +10,8 @@ what it fetched), and copies what the audit reads into a work folder:
    (``sample_credits``, the same draw ``audit_ledger`` replays), by the evidence protocol from
    the accuser first, then any holder (``EvidenceService.keep``);
 3. the weights of every policy version those verdicts judged, by SHARDCAST (``--max-versions``
-   bounds it), into a shard store of the folder;
+   bounds it), into a shard store of the folder (a patch with the chain it needs, reconstructed
+   and checked against its manifest's tensor hashes; ``node.version_chain``);
 4. the policy announcements the node accepted while it ran (trainer-signed: version ->
    manifest id), into the evidence store, pinned. With the manifests of the shard store
    (``Gathered.manifest_id``) they give the manifest id that the assignment of a run with a
@@ -35,6 +36,7 @@ from node.roles.evidence import EvidenceService, cited
 from node.roles.ledger_sync import LedgerReplica
 from node.runtime import Node, RuntimeConfig
 from node.shardcast import ShardcastService
+from node.version_chain import VersionChain
 from swarm.errors import NetworkError, PeerError, SwarmError
 from swarm.evidence import EvidenceStore
 from swarm.identity import NodeKey
@@ -62,8 +64,9 @@ class Gathered:
     synced_from: list[str]
 
     def policy_path(self, version: int) -> Path | None:
-        store = ShardStore(self.shards, keep=1 << 20)
-        return store.directory(version) / "data" if store.is_complete(version) else None
+        """What loads ``version`` (a patch reconstructed; checked against its manifest's
+        tensor hashes by ``node.audit_weights.checked_source`` before a replay)."""
+        return ShardStore(self.shards, keep=1 << 20).weights_path(version)
 
     def manifest_id(self, version: int) -> bytes | None:
         """The id of the trainer-signed manifest of ``version`` fetched here (None: not held)."""
@@ -224,17 +227,18 @@ async def _fetch_weights(
 ) -> tuple[list[int], list[int]]:
     fetched: list[int] = []
     missing: list[int] = []
+    chain = VersionChain(shards)  # a patch brings its base chain with it
     async with ShardcastService.start(node, genesis, shards, data_channel=None) as service:
         for version in versions:
-            if shards.is_complete(version):
+            if shards.weights_path(version) is not None:
                 fetched.append(version)
                 continue
             with trio.move_on_after(STEP_S):
                 try:
-                    await service.fetch(
-                        version, config=FetchConfig(stall_timeout=10.0, give_up_after=30.0)
+                    await chain.weights(
+                        service, version, config=FetchConfig(stall_timeout=10.0, give_up_after=30.0)
                     )
                 except SwarmError as exc:
                     log.warning("weights of policy v%d not fetched: %s", version, exc)
-            (fetched if shards.is_complete(version) else missing).append(version)
+            (fetched if shards.weights_path(version) is not None else missing).append(version)
     return fetched, missing

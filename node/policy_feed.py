@@ -15,12 +15,10 @@ Version 0 is the run's model: when the genesis binds a model card, every node ch
 assembled v0 file is the card's weights (sha256) before using it, refuses (and deletes) one that
 is not, and pins v0, so a contributor who joins late can still fetch the model from its peers.
 
-A version may travel as a patch against its parent (``ShardManifest.base``; docs/shardcast.md).
-``fetch_version`` then makes sure the base is held first (fetching it, and so the chain back to
-the newest snapshot, when it is not), fetches the patch's shards like any version's, and
-reconstructs the weights, checked tensor by tensor against the manifest; a reconstruction that
-differs is refused and deleted (``refused_patches``). ``transfers`` keeps, per version, the bytes
-that travelled against the version's full size, for ``status``, the dashboard and summary.json.
+A version may travel as a patch against its parent (``ShardManifest.base``; docs/shardcast.md):
+``node.version_chain.VersionChain`` fetches its base first (through ``fetch_version``, so the
+chain back to the newest snapshot takes the same locks and the v0 check), reconstructs and checks
+it, and counts the bytes each version moved.
 """
 
 from __future__ import annotations
@@ -28,14 +26,16 @@ from __future__ import annotations
 import logging
 import random
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from node.model.card import mismatch
+from node.model.card import weights_mismatch
 from node.runtime import Node
 from node.shardcast import ShardcastService, channel_host
+from node.version_chain import VersionChain
 from swarm.errors import PeerError, SwarmError, ValidationError
 from swarm.messages import PolicyAnnouncement, ShardManifest, Signed
 from swarm.net import StreamLimits
@@ -47,10 +47,8 @@ from swarm.shardcast import (
     inline_manifest,
 )
 from swarm.shardcast.datachannel import DataChannelConfig
-from swarm.shardcast.delta import PatchError, apply_patch
 from swarm.shardcast.fetch import ProgressCallback
 from swarm.shardcast.publish import publish_version
-from swarm.shardcast.split import split_files
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +80,8 @@ class PolicyFeed:
         self.service: ShardcastService | None = None
         self._locks: dict[int, trio.Lock] = {}
         self._v0_checked = False
-        self.transfers: dict[int, dict[str, int | bool]] = {}
-        """Per version: ``bytes`` that travelled (fetched here, or published), ``full`` (the
-        version's weights), ``patch`` (whether it travelled as a patch)."""
-        self.refused_patches = 0
+        self.chain = VersionChain(self.store)
+        """Patches and their bases, and the bytes each version moved."""
         self._refused_v0: bytes | None = None
         """The manifest id of a v0 refused as not the card's weights: never fetched again."""
 
@@ -188,8 +184,10 @@ class PolicyFeed:
             raise RuntimeError("PolicyFeed.run must be started first")
         return self.service
 
-    async def publish(self, version: int, weights: Path) -> Signed[ShardManifest]:
-        """Trainer: cut, sign, store, serve and advertise ``weights`` as ``version``; announce.
+    async def publish(self, version: int, weights: Path | Sequence[Path]) -> Signed[ShardManifest]:
+        """Trainer: cut, sign, store, serve and advertise ``weights`` (a safetensors file, or
+        the files of a sharded checkpoint) as ``version``, a patch against ``version - 1``
+        where the run's rules say so (``publish_version``); announce.
         A version already stored (a restarted trainer) is announced again as it is."""
         node = self.node
         if self.store.is_complete(version):
@@ -215,10 +213,11 @@ class PolicyFeed:
                 store=self.store,
             )
         )
-        self._count(manifest.message, manifest.message.total_size)
-        await trio.to_thread.run_sync(self._finish, version)
+        self.chain.count(manifest.message, manifest.message.total_size)
+        await trio.to_thread.run_sync(self.chain.finish, version)
         if version == 0:
-            await self._check_v0(self.store.directory(0) / "data")
+            held = self.path_of(0)
+            await self._check_v0(held or self.store.directory(0) / "data")
         await self._service().advertise(version)
         await node.announce_policy(version, manifest.id, inline_manifest(manifest))
         return manifest
@@ -290,114 +289,43 @@ class PolicyFeed:
         """The local file of ``version``, fetched from its providers when missing (version 0
         checked against the model card); ``manifest``: its verified manifest if known."""
         async with self._locks.setdefault(version, trio.Lock()):
-            local = self.path_of(version)
-            if local is None:
-                service = self._service()
-                if manifest is None or manifest.message.version != version:
-                    manifest = await service.manifest(version)
-                if manifest.message.is_patch:
-                    await self._hold_base(manifest.message)
-                result = await service.fetch(
-                    version, config=self.fetch_config, on_progress=on_progress, manifest=manifest
-                )
-                moved = result.progress.fetched_bytes
-                log.info(
-                    "policy v%d fetched: %d shards (%d resumed), %.2f MiB%s in %.2f s",
-                    version,
-                    result.fetched_shards,
-                    result.resumed_shards,
-                    moved / 2**20,
-                    " (a patch)" if manifest.message.is_patch else "",
-                    result.seconds,
-                )
-                self._count(self.store.manifest(version).message, moved)
-                if manifest.message.is_patch:
-                    await self._hold_base(manifest.message)  # retention may have thinned it
-                await trio.to_thread.run_sync(self._finish, version)
-                local = self.path_of(version)
-                if local is None:
-                    raise ValidationError(f"policy v{version} is not complete after its fetch")
+            local = await self.chain.weights(
+                self._service(),
+                version,
+                manifest=manifest,
+                config=self.fetch_config,
+                on_progress=on_progress,
+                base=self.fetch_version,
+            )
             if version == 0:
                 await self._check_v0(local)
         self._locks.pop(version, None)
         return local
 
-    async def _hold_base(self, manifest: ShardManifest) -> None:
-        """The weights of a patch's base, fetched (with the chain before it) when not held."""
-        assert manifest.base is not None
-        if self.store.weights_bytes(manifest.base) is None:
-            log.info(
-                "policy v%d is a patch against v%d, which is not held here: fetching it first",
-                manifest.version,
-                manifest.base,
-            )
-            await self.fetch_version(manifest.base)
-        if self.store.manifest(manifest.base).id != manifest.base_id:
-            raise ValidationError(
-                f"policy v{manifest.version} patches a v{manifest.base} that is not the held one"
-            )
+    @property
+    def transfers(self) -> dict[int, dict[str, int | bool]]:
+        return self.chain.transfers
 
-    def _finish(self, version: int) -> None:
-        """Make a complete version loadable: reconstruct a patch (checked against the
-        manifest's tensor hashes), split a sharded version into its files. A patch that does
-        not reconstruct the signed bytes is refused and deleted."""
-        manifest = self.store.manifest(version).message
-        directory = self.store.directory(version)
-        if manifest.is_patch and not (directory / "weights").is_file():
-            assert manifest.base is not None
-            held = self.store.weights_bytes(manifest.base)
-            if held is None:
-                raise ValidationError(f"the base v{manifest.base} of policy v{version} is gone")
-            base, spans = held
-            try:
-                apply_patch(
-                    base,
-                    directory / "data",
-                    directory / "weights",
-                    tensors=manifest.tensors,
-                    header_sha256=manifest.header_sha256,
-                    base_files=spans,
-                )
-            except PatchError as exc:
-                self.refused_patches += 1
-                shutil.rmtree(directory, ignore_errors=True)
-                raise ValidationError(f"policy v{version} refused and deleted: {exc}") from exc
-        elif len(manifest.files) > 1:
-            split_files(directory, manifest)
-
-    def _count(self, manifest: ShardManifest, moved: int) -> None:
-        self.transfers[manifest.version] = {
-            "bytes": moved,
-            "full": manifest.full_size,
-            "patch": manifest.is_patch,
-        }
-        for old in sorted(self.transfers)[: -max(64, self.store.keep)]:
-            del self.transfers[old]
+    @property
+    def refused_patches(self) -> int:
+        return self.chain.refused_patches
 
     def transfer_view(self) -> dict[str, Any]:
-        """Bytes per version (patch against full) and bytes saved, for status and summaries."""
-        moved = sum(int(t["bytes"]) for t in self.transfers.values())
-        full = sum(int(t["full"]) for t in self.transfers.values())
-        return {
-            "versions": {str(v): dict(t) for v, t in sorted(self.transfers.items())},
-            "bytes": moved,
-            "full_bytes": full,
-            "saved_bytes": max(0, full - moved),
-            "refused_patches": self.refused_patches,
-        }
+        return self.chain.view()
 
     async def _check_v0(self, path: Path) -> None:
         """Version 0 must be the model card's weights; pinned once checked."""
         card = self.node.config.genesis.message.model
-        if card.weights is None or self._v0_checked:
+        if not card.all_weights() or self._v0_checked:
             return
-        why = await trio.to_thread.run_sync(mismatch, card.weights, path)
+        why = await trio.to_thread.run_sync(weights_mismatch, card, path)
         if why is not None:
             self._refused_v0 = self.store.manifest(0).id
             shutil.rmtree(self.store.directory(0), ignore_errors=True)
+            names = ", ".join(ref.name for ref in card.all_weights()[:3])
             raise ValidationError(
                 f"policy v0 {why}: the trainer's version 0 is not the run's model weights"
-                f" ({card.weights.name}); refused and deleted"
+                f" ({names}); refused and deleted"
             )
         self.store.pin(0)
         self._v0_checked = True

@@ -7,7 +7,8 @@ Decisions this module owns:
   the card: a file that differs is refused, named, before any work), the home's cache
   ``<models>/<card id>/`` (verified once, marked), the embedded default model when the card binds
   it; otherwise it is fetched (``obtain``): the card's small files over run-files, the version-0
-  weights by SHARDCAST (checked against the card by ``PolicyFeed``), linked into the cache.
+  weights by SHARDCAST (checked against the card by ``PolicyFeed``), linked into the cache: the
+  one weights file, or each shard file of a sharded card from v0's directory.
   A trainer is the model's source and never fetches it.
 - A genesis without a card (made before cards) binds nothing: the node uses ``--model`` or the
   embedded model, as before.
@@ -172,31 +173,42 @@ def serve(
 async def _fetch_model(
     node: Any, feed: PolicyFeed, card: ModelSpec, cache: Path, give_up_after: float
 ) -> Path:
-    assert card.weights is not None
     cache.mkdir(parents=True, exist_ok=True)
+    weights = card.all_weights()
     log.info(
-        "fetching the run's model %s (card %s): %d files and %.1f MiB of weights from peers",
+        "fetching the run's model %s (card %s): %d files and %.1f MiB of weights in %d"
+        " file(s) from peers",
         card.name,
         card.card_id(),
         len(card.files),
-        card.weights.size / 2**20,
+        card.weights_size() / 2**20,
+        len(weights),
     )
     for ref in card.files:
         if mismatch(ref, cache / ref.name) is not None:
             await fetch_file(
                 node, ref, cache / ref.name, give_up_after=give_up_after, what="model file"
             )
-    weights = cache / card.weights.name
-    if mismatch(card.weights, weights) is not None:
+    missing = await trio.to_thread.run_sync(
+        lambda: [ref for ref in weights if mismatch(ref, cache / ref.name) is not None]
+    )
+    if missing:
+        # v0 is the file, or for a sharded card a directory holding each shard by its name.
         stored = await _fetch_v0(feed, give_up_after)
-        weights.unlink(missing_ok=True)
-        try:
-            os.link(stored, weights)  # the pinned v0 and the cache share one copy
-        except OSError:
-            await trio.to_thread.run_sync(shutil.copyfile, stored, weights)
+        for ref in missing:
+            await _link(stored / ref.name if stored.is_dir() else stored, cache / ref.name)
     mark_verified(card, cache)
     log.info("model %s ready in %s", card.name, cache)
     return cache
+
+
+async def _link(stored: Path, target: Path) -> None:
+    """Put a file of the stored v0 into the cache: the pinned v0 and the cache share one copy."""
+    target.unlink(missing_ok=True)
+    try:
+        os.link(stored, target)
+    except OSError:
+        await trio.to_thread.run_sync(shutil.copyfile, stored, target)
 
 
 async def _fetch_v0(feed: PolicyFeed, give_up_after: float) -> Path:

@@ -92,6 +92,27 @@ def open_store(home: Path, genesis: Signed[RunGenesis], max_disk_mib: int | None
     )
 
 
+def version_costs(store: ShardStore) -> dict[str, Any]:
+    """What each stored version costs to move: its bytes (a patch's, or the whole version's)
+    against its full size, and the bytes that patches saved (``summary.json``, the audit)."""
+    versions: dict[str, dict[str, int | bool]] = {}
+    for v in store.versions():
+        try:
+            m = store.manifest(v).message
+        except SwarmError:
+            continue
+        versions[str(v)] = {"bytes": m.total_size, "full": m.full_size, "patch": m.is_patch}
+    moved = sum(int(x["bytes"]) for x in versions.values())
+    full = sum(int(x["full"]) for x in versions.values())
+    return {
+        "versions": versions,
+        "bytes": moved,
+        "full_bytes": full,
+        "saved_bytes": full - moved,
+        "patches": sum(bool(x["patch"]) for x in versions.values()),
+    }
+
+
 @dataclass
 class ShardcastService:
     node: Any  # node.runtime.Node: overlay, handle/request, peers_by_role

@@ -5,9 +5,12 @@ Run as ``python -m node.compute.train_child``; frames as in ``node.compute.child
 pickle). Parent side: :class:`TrainerChild`. Requests:
 
 - ``init`` {model_dir, device, config, keep_versions, pad_id, checkpoint, policies, threads, group,
-  chat_template, nproc} -> {version, hivemind_addrs}. ``group`` (several genesis trainers)
-  starts hivemind (``node.compute.averaging``) and is ``None`` for a lone trainer, which never
-  loads hivemind.
+  chat_template, nproc, serve_dtype} -> {version, hivemind_addrs}. ``serve_dtype`` (the run's,
+  float32 when absent): the precision each version's safetensors are written in; the model, the
+  optimizer, the held versions and the checkpoint stay float32 (``node.compute.grpo``; the
+  sharded trainer of ``nproc`` > 1 replays ``logp_old`` with the float32 masters for now).
+  ``group`` (several genesis trainers) starts hivemind (``node.compute.averaging``) and is
+  ``None`` for a lone trainer, which never loads hivemind.
   ``nproc`` > 1 (``join --nproc``): this child is rank 0 of an FSDP2 group and starts the other
   ranks (``node.compute.ranks``, ``node.compute.fsdp``); every request below runs on all ranks.
 - ``step`` {groups, version} -> {stats, round, weights}: one GRPO step from ``version`` (which
@@ -15,7 +18,8 @@ pickle). Parent side: :class:`TrainerChild`. Requests:
   new version's safetensors (``policies/v<N>.safetensors``) and the checkpoint. Groups that
   carry their prompt's text instead of its tokens are tokenized here (``tokenize_prompts``):
   the node process imports no tokenizer.
-- ``load`` {version, path}: continue from another trainer's published copy of ``version``.
+- ``load`` {version, path}: continue from another trainer's published copy of ``version``
+  (upcast to float32; where the masters here round to the copy, they are kept: ``keep_masters``).
 - ``discard`` {version}: undo a void round (back to the held weights of ``version``).
 - ``relabel`` {version}: the current weights become ``version`` (a lost copy republished).
 - ``rollback`` {version} -> {taken, weights}; ``connect`` {addrs}; ``wanted`` {version};
@@ -141,6 +145,31 @@ def tokenize_prompts(groups: list[Group], text: Any) -> list[Group]:
 # -- the child side ------------------------------------------------------------------------------
 
 
+def keep_masters(copy: dict[str, Any], masters: dict[str, Any]) -> dict[str, Any]:
+    """A published ``copy`` of a version (``serve_dtype``) as float32 weights to continue from:
+    where a float32 master here rounds to the copy's value, the master itself, elsewhere the
+    copy's value upcast. The trainers of a round compute the same step, and the one that did not
+    publish it would otherwise lose, every round, each update smaller than the copy's rounding
+    step; the result still rounds to exactly ``copy``, so every trainer serves the same policy.
+    A float32 copy is taken as it is."""
+    import torch
+
+    out = {}
+    for name, value in copy.items():
+        master = masters.get(name)
+        if (
+            master is None
+            or not value.is_floating_point()
+            or value.dtype == master.dtype
+            or value.shape != master.shape
+        ):
+            out[name] = value
+            continue
+        master = master.to("cpu")
+        out[name] = torch.where(master.to(value.dtype) == value, master, value.to(master.dtype))
+    return out
+
+
 class _Training:
     def __init__(self, args: dict[str, Any]) -> None:
         nproc = int(args.get("nproc") or 1)
@@ -152,12 +181,14 @@ class _Training:
         import torch
 
         from node.compute.grpo import GRPOConfig, GRPOTrainer
-        from node.model import load_causal_lm
+        from node.model import load_causal_lm, torch_dtype
         from node.model.text import ModelText
 
         if args.get("threads"):
             torch.set_num_threads(int(args["threads"]))
         self.group: Any = None
+        self.serve_dtype = str(args.get("serve_dtype") or "float32")
+        torch_dtype(self.serve_dtype)  # a ConfigError before anything is loaded
         device = str(args.get("device") or "cpu")
         if nproc > 1:  # the ranks load it: only the shapes here (hivemind averages full tensors)
             model = _shapes_only(Path(args["model_dir"]))
@@ -184,6 +215,7 @@ class _Training:
                 GRPOConfig(**args["config"]),
                 keep_versions=int(args["keep_versions"]),
                 pad_id=int(args["pad_id"]),
+                serve_dtype=self.serve_dtype,
             )
         self.checkpoint = Path(args["checkpoint"])
         self.policies = Path(args["policies"])
@@ -195,12 +227,15 @@ class _Training:
         self._write(self.grpo.version, again=False)
 
     def _write(self, version: int, *, again: bool = True) -> str:
+        """The version's safetensors, in the run's ``serve_dtype`` (cast here, at save time)."""
         from safetensors.torch import save_file
+
+        from node.compute.grpo import served_weights
 
         path = self.policies / f"v{version}.safetensors"
         if again or not path.exists():
             tmp = path.with_name(path.name + ".tmp")
-            save_file(self.grpo.weights(), str(tmp))
+            save_file(served_weights(self.grpo.weights(), self.serve_dtype), str(tmp))
             tmp.replace(path)
         return str(path)
 
@@ -216,10 +251,15 @@ class _Training:
             groups = tokenize_prompts([Group.from_wire(g) for g in args["groups"]], self.text)
             return self.step(groups, int(args["version"]))
         if op == "load":
-            from safetensors.torch import load_file
+            import torch
+
+            from node.model.loading import read_weights
 
             version = int(args["version"])
-            self.grpo.load_version(version, load_file(args["path"]))
+            published = read_weights(args["path"])  # one file, or a sharded v0's directory
+            if any(v.dtype != torch.float32 for v in published.values() if v.is_floating_point()):
+                published = keep_masters(published, self.grpo.weights())  # a full gather
+            self.grpo.load_version(version, published)
             self._settle()
             return None
         if op == "discard":

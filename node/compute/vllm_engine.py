@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from node.compute.engine import Engine, EngineInfo, FinishReason, Generation, Prefill, PrefillStates
@@ -193,8 +194,9 @@ class VllmEngine(Engine):
         return self._prefill.prefill_stream(items)
 
     def load_weights(self, path: str) -> None:
-        from safetensors.torch import load_file
+        """A policy version: one safetensors file, or a directory of a sharded version's files
+        (tensor by tensor: a sharded model of many GB never sits in memory twice)."""
+        from node.model.loading import iter_weights
 
-        state = load_file(path)
-        self.llm.apply_model(lambda model: model.load_weights(state.items()))
+        self.llm.apply_model(lambda model: model.load_weights(iter_weights(Path(path))))
         self._prefill.load_weights(path)

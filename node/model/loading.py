@@ -2,12 +2,15 @@
 
 A model directory is a Hugging Face causal-LM directory: ``config.json`` plus weights in
 ``model.safetensors`` (or sharded safetensors with an index). The embedded default model lives in
-``node/model/default/``; ``--model PATH`` names any other local directory.
+``node/model/default/``; ``--model PATH`` names any other local directory. A policy version's
+weights are one safetensors file or a directory of shard files (``weight_files``); they are read
+tensor by tensor (``iter_weights``), so loading never holds a second copy of the model.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -275,29 +278,96 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", device: str = "cpu"
     return model.to(device).eval()  # type: ignore[arg-type]
 
 
-def load_weights_into(model: Any, weights: str | Path) -> None:
-    """Replace ``model``'s weights with a safetensors file (a new policy version)."""
-    import torch
-    from safetensors.torch import load_file
+def weight_files(weights: str | Path) -> list[Path]:
+    """The safetensors files of a policy version: ``weights`` itself, or for a directory (a
+    sharded version) the shards its ``model.safetensors.index.json`` names, else every
+    ``*.safetensors`` in it, in sorted order."""
+    path = Path(weights)
+    if not path.is_dir():
+        return [path]
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ConfigError(f"{index} has no weight_map; the model directory is damaged")
+        return [path / str(name) for name in sorted(set(weight_map.values()))]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"policy weights {path} hold no *.safetensors file")
+    return files
 
-    try:
-        state = load_file(str(weights))
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise ConfigError(f"cannot read policy weights {weights}: {exc}") from exc
-    ref = next(model.parameters())
-    state = {k: v.to(dtype=ref.dtype, device=ref.device) for k, v in state.items()}
-    # A Hugging Face file stores a tied parameter once (e.g. lm_head tied to the embeddings):
-    # every name of one shared tensor takes the stored copy.
-    names_by_tensor: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        names_by_tensor.setdefault(id(param), []).append(name)
-    for names in names_by_tensor.values():
-        stored = next((n for n in names if n in state), None)
-        for name in names:
-            if stored is not None and name not in state:
-                state[name] = state[stored]
-    try:
-        with torch.no_grad():
-            model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        raise ConfigError(f"policy weights {weights} do not fit the model: {exc}") from exc
+
+def iter_weights(weights: str | Path) -> Iterator[tuple[str, Any]]:
+    """Every tensor of a policy version (a file or a directory of shards, :func:`weight_files`)
+    as ``(name, tensor)`` on the CPU, one at a time: memory holds one tensor, not the model."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in weight_files(weights):
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                    yield name, f.get_tensor(name)
+        except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+            raise ConfigError(f"cannot read policy weights {file}: {exc}") from exc
+
+
+def read_weights(weights: str | Path) -> dict[str, Any]:
+    """All tensors of a policy version (a file or a directory of shards) in one state dict."""
+    state: dict[str, Any] = {}
+    for name, tensor in iter_weights(weights):
+        if name in state:
+            raise ConfigError(f"policy weights {weights} hold tensor {name!r} twice")
+        state[name] = tensor
+    return state
+
+
+def _shapes(weights: str | Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of every tensor of a policy version, from the headers alone."""
+    from safetensors import SafetensorError, safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in weight_files(weights):
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                    if name in shapes:
+                        raise ConfigError(
+                            f"policy weights {weights} hold tensor {name!r} twice ({file.name})"
+                        )
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+        except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+            raise ConfigError(f"cannot read policy weights {file}: {exc}") from exc
+    return shapes
+
+
+def load_weights_into(model: Any, weights: str | Path) -> None:
+    """Replace ``model``'s weights with a policy version: a safetensors file, or a directory of
+    shard files (:func:`weight_files`).
+
+    Every name and shape is checked against the model from the files' headers before anything
+    is copied; then tensors are read and copied in one at a time (bounded memory). A Hugging
+    Face file stores a tied parameter once (e.g. lm_head tied to the embeddings): every name of
+    one shared tensor takes the stored copy.
+    """
+    import torch
+
+    targets = model.state_dict(keep_vars=True)
+    shapes = _shapes(weights)
+    unexpected = sorted(set(shapes) - set(targets))
+    aliases: dict[int, list[str]] = {}
+    for name, tensor in targets.items():
+        aliases.setdefault(id(tensor), []).append(name)
+    missing = sorted(
+        name for names in aliases.values() if not any(n in shapes for n in names) for name in names
+    )
+    wrong = [n for n in shapes if n in targets and tuple(targets[n].shape) != shapes[n]]
+    if unexpected or missing or wrong:
+        what = "; ".join(
+            f"{label}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+            for label, names in (("unexpected", unexpected), ("missing", missing), ("shape", wrong))
+            if names
+        )
+        raise ConfigError(f"policy weights {weights} do not fit the model ({what})")
+    with torch.no_grad():
+        for name, tensor in iter_weights(weights):
+            targets[name].copy_(tensor)  # casts to the parameter's dtype and device

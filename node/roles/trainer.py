@@ -190,6 +190,7 @@ class Trainer:
                 "group": group,
                 "chat_template": self.chat_template,
                 "nproc": self.nproc,
+                "serve_dtype": c.serve_dtype,  # versions are written in it; masters stay fp32
             },
             log_path=self.run_dir / "trainer-child.log",
         )
@@ -206,19 +207,28 @@ class Trainer:
 
     async def publish(self, version: int) -> None:
         card = self.node.config.genesis.message.model
-        if version == 0 and card.weights is not None:
-            # Version 0 is the model card's weights file, byte for byte (every node checks).
-            path, source = self._weights_path(0), self.model_dir / card.weights.name
+        path = self._weights_path(version)
+        weights: list[Path] = [path]
+        if version == 0 and card.bound:
+            # Version 0 is the model card's weights, byte for byte (every node checks).
             await trio.to_thread.run_sync(
                 lambda: check_dir(card, self.model_dir, what="trainer model")
             )
-            await trio.to_thread.run_sync(shutil.copyfile, source, path)
+            if card.weights is not None:
+                await trio.to_thread.run_sync(
+                    shutil.copyfile, self.model_dir / card.weights.name, path
+                )
+            else:
+                # A sharded checkpoint travels as its shard files, in the card's order. Auditors
+                # replay version 0 on the model itself: the child's one-file v0 (its own cast of
+                # the weights, not the card's bytes) leaves the archive.
+                weights = [self.model_dir / ref.name for ref in card.weight_files]
+                path.unlink(missing_ok=True)
         # Auditors fetch the weights of old verdicts from the swarm: the trainer keeps serving
         # every published version that fits the archive budget, not only the async window.
-        path = self._weights_path(version)
-        size = max(1, path.stat().st_size)
+        size = max(1, sum(p.stat().st_size for p in weights))
         self.feed.store.keep = max(self.feed.store.keep, POLICY_ARCHIVE_BYTES // size)
-        await self.feed.publish(version, path)
+        await self.feed.publish(version, weights[0] if len(weights) == 1 else weights)
         self._prune_policies(version)
         self.stats.published_at[version] = round(time.monotonic() - self.stats.started, 3)
         log.info("published policy v%d", version)

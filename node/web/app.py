@@ -232,6 +232,8 @@ def create_app(view: RunView, *, tick_s: float = 1.0) -> Starlette:
             ],
             "served_bytes": served.get("served_bytes"),
             "served_shards": served.get("served_shards"),
+            # Bytes per version this node moved (a patch against the full size) and saved.
+            "transfers": served.get("transfers"),
         }
 
     async def bundle(request: Request) -> Response:

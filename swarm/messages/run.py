@@ -185,6 +185,9 @@ def _parse_param(key: str, annotation: Any, value: Any, *, strings: bool) -> Any
 
 
 MAX_CARD_FILES = 64
+MAX_WEIGHT_FILES = 256
+"""Shard files a card binds (the largest released checkpoints hold a few hundred; 256 of them
+fit in a genesis with room to spare)."""
 _BAD_NAME = frozenset({"", ".", ".."})
 
 
@@ -216,11 +219,13 @@ class FileRef:
 class ModelSpec:
     """Which model the run trains: the model card.
 
-    A bound card (``weights`` set) names every small file of the Hugging Face directory
-    (``files``: config, tokenizer files with the chat template, generation config) and the
-    version-0 weights file by sha256 and size, and whether the run applies the model's chat
-    template. A genesis written before cards existed has only ``name`` (and the unused
-    ``config``/``manifest_id``); such a run binds no model and nodes use their local one.
+    A bound card names every small file of the Hugging Face directory (``files``: config,
+    tokenizer files with the chat template, generation config; for a sharded checkpoint also
+    ``model.safetensors.index.json``) and the version-0 weights by sha256 and size: one
+    ``weights`` file, or the shard files of a sharded checkpoint (``weight_files``, in the
+    index's order: its sorted file names), never both. It also says whether the run applies the
+    model's chat template. A genesis written before cards existed has only ``name`` (and the
+    unused ``config``/``manifest_id``); such a run binds no model and nodes use their local one.
     """
 
     name: str
@@ -228,7 +233,10 @@ class ModelSpec:
     manifest_id: bytes = b""
     files: tuple[FileRef, ...] = ()
     weights: FileRef | None = None
+    """The one weights file of an unsharded model (None for a sharded one: ``weight_files``)."""
     chat_template: bool = False
+    weight_files: tuple[FileRef, ...] = ()
+    """The shard files of a sharded checkpoint, in order (empty for one ``weights`` file)."""
 
     def __post_init__(self) -> None:
         names = [ref.name for ref in self.all_files()]
@@ -236,14 +244,34 @@ class ModelSpec:
             raise MalformedError("a model card names a file twice")
         if len(self.files) > MAX_CARD_FILES:
             raise MalformedError(f"a model card holds at most {MAX_CARD_FILES} small files")
+        if self.weight_files and self.weights is not None:
+            raise MalformedError("a model card binds one weights file or shard files, not both")
+        if len(self.weight_files) > MAX_WEIGHT_FILES:
+            raise MalformedError(f"a model card binds at most {MAX_WEIGHT_FILES} shard files")
+        for ref in self.weight_files:
+            if not ref.name.endswith(".safetensors"):
+                raise MalformedError(f"model card shard file {ref.name[:80]!r} is not safetensors")
 
     @property
     def bound(self) -> bool:
         """True when the card binds files and weights (a run created with a model card)."""
-        return self.weights is not None
+        return self.weights is not None or bool(self.weight_files)
+
+    @property
+    def sharded(self) -> bool:
+        """True when version 0 is a sharded checkpoint (``weight_files``)."""
+        return bool(self.weight_files)
+
+    def all_weights(self) -> tuple[FileRef, ...]:
+        """Every version-0 weights file, in order: the one file, or the shard files."""
+        return self.weight_files or (() if self.weights is None else (self.weights,))
+
+    def weights_size(self) -> int:
+        """Bytes of version 0 (all weights files together)."""
+        return sum(ref.size for ref in self.all_weights())
 
     def all_files(self) -> tuple[FileRef, ...]:
-        return (*self.files, *(() if self.weights is None else (self.weights,)))
+        return (*self.files, *self.all_weights())
 
     def card_id(self) -> str:
         """32 hex characters naming this card (the home caches its files under it)."""
@@ -255,11 +283,14 @@ class ModelSpec:
             "config": dict(self.config),
             "manifest_id": self.manifest_id,
         }
-        # Written only when set, so a card-less spec encodes exactly as before cards existed.
+        # Written only when set, so a card-less spec encodes exactly as before cards existed,
+        # and an unsharded card exactly as before sharded checkpoints could be bound.
         if self.files:
             out["files"] = [ref.to_wire() for ref in self.files]
         if self.weights is not None:
             out["weights"] = self.weights.to_wire()
+        if self.weight_files:
+            out["weight_files"] = [ref.to_wire() for ref in self.weight_files]
         if self.chat_template:
             out["chat_template"] = True
         return out
@@ -273,6 +304,7 @@ class ModelSpec:
             files=f.items("files", FileRef.from_wire, []),
             weights=FileRef.from_wire(f.sub("weights")) if f.has("weights") else None,
             chat_template=f.flag("chat_template", False),
+            weight_files=f.items("weight_files", FileRef.from_wire, []),
         )
 
 

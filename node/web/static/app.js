@@ -210,6 +210,13 @@ async function loadShardcast() {
     "v" + d.version, d.shards, d.rate_mib_s + " MiB/s",
     (d.peers || []).map((p) => short(String(p.peer || "")) + " (" + (p.rate_mib_s ?? "?") + ")").join(", "),
   ])));
+  const t = s.transfers || { versions: {}, bytes: 0, saved_bytes: 0 };
+  const kib = (n) => (n / 1024).toFixed(1) + " KiB";
+  document.getElementById("transfers-note").textContent = "moved " + kib(t.bytes)
+    + ", saved " + kib(t.saved_bytes) + " against whole versions";
+  fill("#transfers-table tbody", Object.entries(t.versions).reverse().map(([v, x]) => row([
+    "v" + v, x.patch ? "patch" : "whole", kib(x.bytes), kib(x.full),
+  ])));
 }
 
 const ledgerState = { cursor: null, next: null };
