@@ -415,7 +415,10 @@ class ShardStore:
                 f" {self.root}; it would be dropped at once"
             )
         held = self.usage(kept)
-        need = manifest.total_size
+        # A patch is reconstructed next to its bytes; a sharded version is split into files.
+        need = manifest.total_size + (
+            manifest.full_size if manifest.is_patch or len(manifest.files) > 1 else 0
+        )
         if self.max_disk is not None and held + need > self.max_disk:
             raise StorageError(
                 f"version {version} needs {_mib(need)} in {self.root}, and the kept versions"
