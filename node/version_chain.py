@@ -2,14 +2,17 @@
 
 ``VersionChain`` owns what happens between "this version is announced" and "this file loads":
 
-- a patch (``ShardManifest.base``; docs/shardcast.md) needs its base held first: ``weights``
-  asks ``base`` (the caller's own fetch, so its locks and checks apply; by default itself) for
-  it, and so walks back to the newest snapshot when a node holds nothing;
-- the version's shards are fetched like any version's (``ShardcastService.fetch``);
-- ``finish`` makes a complete version loadable: a patch is reconstructed and checked tensor by
-  tensor against its manifest (``swarm.shardcast.delta.apply_patch``); one that reconstructs
-  other bytes is refused, deleted and counted (``refused_patches``); a sharded version is split
-  into its files (``swarm.shardcast.split``);
+- a patch (``ShardManifest.base``; docs/shardcast.md) needs its base: ``weights`` walks the
+  manifests back to a version whose weights are held, or to a snapshot, which it asks ``base``
+  for (the caller's own fetch, so its locks and checks apply; by default itself);
+- every patch of that chain is fetched like any version's bytes (``ShardcastService.fetch``);
+- ``finish_chain`` makes the newest loadable: a chain of patches that compose is applied in one
+  pass and writes one file (``swarm.shardcast.delta.apply_patches``; catching up on ten versions
+  of a 1.2 GB model one version at a time wrote ten files, 55 s on loopback, docs/BENCHMARKS.md),
+  else each version in turn (``finish``); the result is checked tensor by tensor against the
+  newest manifest, and one that reconstructs other bytes is refused, deleted and counted
+  (``refused_patches``); a sharded version is split into its files (``swarm.shardcast.split``);
+  the versions between stay patches (served to others), reconstructed only when asked for;
 - ``transfers`` keeps, per version, the bytes that travelled against the version's full size
   (``view``: for ``status``, the dashboard and ``summary.json``).
 
@@ -27,10 +30,10 @@ from typing import Any
 import trio
 
 from node.shardcast import ShardcastService
-from swarm.errors import ValidationError
+from swarm.errors import SwarmError, ValidationError
 from swarm.messages import ShardManifest, Signed
 from swarm.shardcast import FetchConfig, ShardStore
-from swarm.shardcast.delta import PatchError, apply_patch
+from swarm.shardcast.delta import PatchError, apply_patches, composable
 from swarm.shardcast.fetch import ProgressCallback
 from swarm.shardcast.split import split_files
 
@@ -69,8 +72,38 @@ class VersionChain:
             return await self.weights(service, v, config=config)
 
         fetch_base = base or own_base
-        if manifest.message.is_patch:
-            await self._hold_base(manifest.message, fetch_base)
+        chain = [manifest]  # newest first: the patches back to held weights or a snapshot
+        while chain[-1].message.is_patch:
+            older = chain[-1].message.base
+            assert older is not None
+            if self.store.weights_bytes(older) is not None:
+                break
+            signed = await service.manifest(older)
+            if not signed.message.is_patch:
+                log.info("policy v%d: fetching the snapshot v%d it patches first", version, older)
+                await fetch_base(older)  # whole, through the caller's fetch (locks, v0 check)
+                break
+            chain.append(signed)
+        for signed in reversed(chain):
+            await self._fetch_bytes(service, signed, config, on_progress)
+        versions = [signed.message.version for signed in reversed(chain)]
+        await trio.to_thread.run_sync(self.finish_chain, versions)
+        local = self.store.weights_path(version)
+        if local is None:
+            raise ValidationError(f"policy v{version} is not complete after its fetch")
+        return local
+
+    async def _fetch_bytes(
+        self,
+        service: ShardcastService,
+        manifest: Signed[ShardManifest],
+        config: FetchConfig | None,
+        on_progress: ProgressCallback | None,
+    ) -> None:
+        """The version's own bytes (a patch's, or the whole version's), counted."""
+        version = manifest.message.version
+        if self.store.is_complete(version):
+            return
         result = await service.fetch(
             version, config=config, on_progress=on_progress, manifest=manifest
         )
@@ -85,35 +118,51 @@ class VersionChain:
             result.seconds,
         )
         self.count(self.store.manifest(version).message, moved)
-        if manifest.message.is_patch:
-            await self._hold_base(manifest.message, fetch_base)  # retention may have thinned it
-        await trio.to_thread.run_sync(self.finish, version)
-        local = self.store.weights_path(version)
-        if local is None:
-            raise ValidationError(f"policy v{version} is not complete after its fetch")
-        return local
 
-    async def _hold_base(
-        self, manifest: ShardManifest, fetch: Callable[[int], Awaitable[Path]]
-    ) -> None:
-        """The weights of a patch's base, fetched (with the chain before it) when not held."""
-        assert manifest.base is not None
-        if self.store.weights_bytes(manifest.base) is None:
-            log.info(
-                "policy v%d is a patch against v%d, which is not held here: fetching it first",
-                manifest.version,
-                manifest.base,
-            )
-            await fetch(manifest.base)
-        if self.store.manifest(manifest.base).id != manifest.base_id:
-            raise ValidationError(
-                f"policy v{manifest.version} patches a v{manifest.base} that is not the held one"
-            )
+    def finish_chain(self, versions: list[int]) -> None:
+        """Make the newest of ``versions`` (one whole version, or patches oldest first whose
+        first base's weights are held) loadable. A chain that composes is applied in one pass
+        (``swarm.shardcast.delta.apply_patches``: one file written, not one per version);
+        otherwise each version is reconstructed in turn."""
+        manifests = [self.store.manifest(v).message for v in versions]
+        for m in manifests:
+            if m.base is None:
+                continue
+            try:
+                held_id = self.store.manifest(m.base).id
+            except SwarmError as exc:
+                raise ValidationError(f"the base v{m.base} of policy v{m.version} is gone") from exc
+            if held_id != m.base_id:
+                raise ValidationError(
+                    f"policy v{m.version} patches a v{m.base} that is not the held one"
+                )
+        patches = [self.store.directory(m.version) / "data" for m in manifests]
+        first = manifests[0].base
+        if len(manifests) > 1 and first is not None and composable(patches):
+            held = self.store.weights_bytes(first)
+            if held is None:
+                raise ValidationError(f"the base v{first} of the chain is gone")
+            newest = manifests[-1]
+            try:
+                apply_patches(
+                    held[0],
+                    patches,
+                    self.store.directory(newest.version) / "weights",
+                    tensors=newest.tensors,
+                    header_sha256=newest.header_sha256,
+                    base_files=held[1],
+                )
+                return
+            except PatchError as exc:
+                # Some patch of the chain is not its manifest's: one version at a time finds
+                # which (each checked against its own manifest) and refuses that one.
+                log.warning("policy v%d from the chain in one pass: %s", newest.version, exc)
+        for v in versions:
+            self.finish(v)
 
     def finish(self, version: int) -> None:
-        """Make a complete version loadable: reconstruct a patch (checked against the
-        manifest's tensor hashes), split a sharded version into its files. A patch that does
-        not reconstruct the signed bytes is refused and deleted."""
+        """Make one complete version loadable: reconstruct a patch on its held base (checked
+        against the manifest's tensor hashes), split a sharded version into its files."""
         manifest = self.store.manifest(version).message
         directory = self.store.directory(version)
         if manifest.is_patch and not (directory / "weights").is_file():
@@ -121,22 +170,33 @@ class VersionChain:
             held = self.store.weights_bytes(manifest.base)
             if held is None:
                 raise ValidationError(f"the base v{manifest.base} of policy v{version} is gone")
-            base, spans = held
-            try:
-                apply_patch(
-                    base,
-                    directory / "data",
-                    directory / "weights",
-                    tensors=manifest.tensors,
-                    header_sha256=manifest.header_sha256,
-                    base_files=spans,
-                )
-            except PatchError as exc:
-                self.refused_patches += 1
-                shutil.rmtree(directory, ignore_errors=True)
-                raise ValidationError(f"policy v{version} refused and deleted: {exc}") from exc
+            self._reconstruct(manifest, held, [directory / "data"])
         elif len(manifest.files) > 1:
             split_files(directory, manifest)
+
+    def _reconstruct(
+        self,
+        manifest: ShardManifest,
+        held: tuple[Path, list[tuple[int, int]] | None],
+        patches: list[Path],
+    ) -> None:
+        """``manifest``'s version from the ``held`` base bytes and ``patches``; refused,
+        deleted and counted when it is not the signed bytes."""
+        directory = self.store.directory(manifest.version)
+        base, spans = held
+        try:
+            apply_patches(
+                base,
+                patches,
+                directory / "weights",
+                tensors=manifest.tensors,
+                header_sha256=manifest.header_sha256,
+                base_files=spans,
+            )
+        except PatchError as exc:
+            self.refused_patches += 1
+            shutil.rmtree(directory, ignore_errors=True)
+            raise ValidationError(f"policy v{manifest.version} refused and deleted: {exc}") from exc
 
     def count(self, manifest: ShardManifest, moved: int) -> None:
         """Record that ``moved`` bytes of ``manifest``'s version travelled."""

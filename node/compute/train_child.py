@@ -145,6 +145,21 @@ def tokenize_prompts(groups: list[Group], text: Any) -> list[Group]:
 # -- the child side ------------------------------------------------------------------------------
 
 
+def tied_copies(model: Any) -> dict[str, str]:
+    """Names of tied parameters after the first (``lm_head.weight`` of a model whose embedding
+    is tied), each with the name that is stored: a version's file holds a tied tensor once, as
+    Hugging Face saves it (twice, it was 22% of a Qwen2-0.5B version and of its patches,
+    docs/BENCHMARKS.md, Delta SHARDCAST). Loaders fill the copy back in
+    (``node.model.loading.load_weights_into``, and ``load`` here)."""
+    first: dict[int, str] = {}
+    copies: dict[str, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        stored = first.setdefault(id(param), name)
+        if stored != name:
+            copies[name] = stored
+    return copies
+
+
 def keep_masters(copy: dict[str, Any], masters: dict[str, Any]) -> dict[str, Any]:
     """A published ``copy`` of a version (``serve_dtype``) as float32 weights to continue from:
     where a float32 master here rounds to the copy's value, the master itself, elsewhere the
@@ -195,6 +210,7 @@ class _Training:
         else:
             model = load_causal_lm(Path(args["model_dir"]), dtype="float32", device=device)
         self.text = ModelText(args["model_dir"], chat_template=bool(args.get("chat_template")))
+        self.tied = tied_copies(model)
         if args.get("group"):
             remove_stale_sockets()  # left by trainers killed before
             # Before any thread or other fork: hivemind forks its DHT and averager now.
@@ -235,7 +251,8 @@ class _Training:
         path = self.policies / f"v{version}.safetensors"
         if again or not path.exists():
             tmp = path.with_name(path.name + ".tmp")
-            save_file(served_weights(self.grpo.weights(), self.serve_dtype), str(tmp))
+            weights = {k: v for k, v in self.grpo.weights().items() if k not in self.tied}
+            save_file(served_weights(weights, self.serve_dtype), str(tmp))
             tmp.replace(path)
         return str(path)
 
@@ -257,6 +274,9 @@ class _Training:
 
             version = int(args["version"])
             published = read_weights(args["path"])  # one file, or a sharded v0's directory
+            for copy, stored in self.tied.items():  # a tied tensor is stored once
+                if copy not in published and stored in published:
+                    published[copy] = published[stored]
             if any(v.dtype != torch.float32 for v in published.values() if v.is_floating_point()):
                 published = keep_masters(published, self.grpo.weights())  # a full gather
             self.grpo.load_version(version, published)

@@ -12,12 +12,16 @@ Decisions this module owns:
   and move the others by an ulp or two, so the XOR is mostly zero bytes with a few low mantissa
   bits set; splitting it into byte planes (all first bytes, then all second bytes, as blosc's
   shuffle does) puts the near-empty high bytes together, and zstd level 1 compresses it. Chosen
-  by measurement (docs/BENCHMARKS.md, Delta SHARDCAST): on a bf16 tensor with 4.2% of weights
-  changed by an ulp, zlib-1 gave 5.9% of the full size at 3.1 s/GiB, zstd-1 with planes 4.4% at
-  1.1 s/GiB, zstd-9 4.0% at 7.5 s/GiB, and sparse (index, value) pairs 5.8% after zstd.
+  by measurement (docs/BENCHMARKS.md, Delta SHARDCAST, bench/delta.py): on the XOR of two
+  Qwen2-0.5B-shaped versions of the project's GRPO step at lr 3e-6 (4.0% of weights changed),
+  zstd-1 with planes gave 4.07% of the full size, zstd-1 on raw bytes 4.5%, zlib-1 5.5-6.2%,
+  zstd-9 3.6% at 4x the time, sparse (index, value) pairs 7.2%.
 - **Chunks.** Every tensor is cut into ``CHUNK`` bytes, each compressed alone: memory stays bounded
   by a chunk on both sides (a 7B model's embedding is a GiB), and a chunk that did not change at
   all costs nothing (its compressed length is 0).
+- **Chains in one pass** (``apply_patches``, ``composable``). XORs compose, so a node that is
+  several versions behind applies the chain of patches chunk by chunk and writes the newest
+  version once, checked against the newest manifest; the versions between are not rebuilt.
 - **Checked on arrival** (``apply_patch``). The manifest signs the sha256 of every tensor of the
   reconstructed version (``ShardManifest.tensors``) and of its safetensors header; the patch's
   own bytes are checked by their shard hashes on the way in, like any version. A reconstruction
@@ -242,13 +246,18 @@ def _blocks(path: Path, block: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
 # --- byte planes -----------------------------------------------------------------------------
 
 
-def _planes(data: Any, item: int) -> bytes:
-    """``data`` (a uint8 array) with byte k of every item together: blosc's shuffle."""
+def _planes(data: Any, item: int) -> Any:
+    """``data`` (a uint8 array) with byte k of every item together: blosc's shuffle. Strided
+    copies, one plane at a time: 5x faster here than a transpose of the (n, item) view."""
     if item == 1:
-        return bytes(data)
+        return data
     import numpy as np
 
-    return bytes(np.ascontiguousarray(data.reshape(-1, item).T))
+    out = np.empty_like(data)
+    m = data.size // item
+    for k in range(item):
+        out[k * m : (k + 1) * m] = data[k::item]
+    return out
 
 
 def _unplanes(data: Any, item: int) -> Any:
@@ -256,7 +265,11 @@ def _unplanes(data: Any, item: int) -> Any:
         return data
     import numpy as np
 
-    return np.ascontiguousarray(data.reshape(item, -1).T).reshape(-1)
+    out = np.empty_like(data)
+    m = data.size // item
+    for k in range(item):
+        out[k::item] = data[k * m : (k + 1) * m]
+    return out
 
 
 # --- encoding --------------------------------------------------------------------------------
@@ -377,6 +390,28 @@ def _read_index(fd: int, size: int) -> _Index:
     return _Index(header, chunk, tensors, 16 + length)
 
 
+def composable(patches: Sequence[Path]) -> bool:
+    """Whether a chain of patches (oldest first) can be applied in one pass: every patch after
+    the first lays out the same tensors (the same header) as the one before and XORs every one
+    of them. Successive versions of one trainer's model are; a chain that changes a tensor's
+    shape or dtype, or adds one, is applied a version at a time."""
+    indices = []
+    for path in patches:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            indices.append(_read_index(fd, os.fstat(fd).st_size))
+        finally:
+            os.close(fd)
+    first = indices[0]
+    return all(
+        i.header == first.header
+        and i.chunk == first.chunk
+        and [n for n, _, _ in i.tensors] == [n for n, _, _ in first.tensors]
+        and all(mode == "xor" for _, mode, _ in i.tensors)
+        for i in indices[1:]
+    )
+
+
 def apply_patch(
     base: Path,
     patch: Path,
@@ -392,15 +427,39 @@ def apply_patch(
     ``PatchError`` when the patch is malformed, needs a base tensor that is not there, or
     reconstructs other bytes than the manifest signs (naming the first tensor that differs);
     nothing is left at ``out`` then. Memory stays within a few chunks."""
+    apply_patches(
+        base, [patch], out, tensors=tensors, header_sha256=header_sha256, base_files=base_files
+    )
+
+
+def apply_patches(
+    base: Path,
+    patches: Sequence[Path],
+    out: Path,
+    *,
+    tensors: Sequence[tuple[str, bytes]],
+    header_sha256: bytes,
+    base_files: Sequence[tuple[int, int]] | None = None,
+) -> None:
+    """``apply_patch`` of a whole chain at once (``composable``; oldest first): each chunk of
+    the newest version is the first patch's chunk on ``base``, XORed with every later patch's
+    chunk (the XORs compose), so one file is written however long the chain, and only the
+    newest version's ``tensors`` and ``header_sha256`` (its manifest's) are checked. The
+    versions between are not reconstructed: they are checked by their shard hashes only."""
     import numpy as np
     import zstandard
 
+    if not patches:
+        raise PatchError("no patch to apply")
+    if len(patches) > 1 and not composable(patches):
+        raise PatchError("this chain of patches cannot be applied in one pass (see composable)")
     old = {t.name: t for t in tensor_layout(base, base_files)}
-    pfd = os.open(patch, os.O_RDONLY)
+    fds = [os.open(p, os.O_RDONLY) for p in patches]
     bfd = os.open(base, os.O_RDONLY)
     tmp = out.with_name(out.name + ".tmp")
     try:
-        index = _read_index(pfd, os.fstat(pfd).st_size)
+        indices = [_read_index(fd, os.fstat(fd).st_size) for fd in fds]
+        index = indices[-1]
         if hashlib.sha256(index.header).digest() != header_sha256:
             raise PatchError("the patch's safetensors header is not the one the manifest signs")
         try:
@@ -412,55 +471,66 @@ def apply_patch(
         start = 8 + len(index.header)
         layout = _tensors_of(header, start, 1 << 62)
         expected = dict(tensors)
-        if [t.name for t in layout] != [n for n, _, _ in index.tensors]:
+        if [t.name for t in layout] != [n for n, _, _ in indices[0].tensors]:
             raise PatchError("the patch's index and its header list different tensors")
         if set(expected) != {t.name for t in layout}:
             raise PatchError("the patch's tensors are not the ones the manifest signs")
         decompressor = zstandard.ZstdDecompressor()
-        at = index.payload_at
+        at = [i.payload_at for i in indices]
+
+        def frame(i: int, length: int, n: int, name: str) -> Any:
+            """Chunk bytes of patch ``i`` (un-planed; still XORed where its mode says)."""
+            try:
+                plain = decompressor.decompress(_pread(fds[i], length, at[i]), max_output_size=n)
+            except zstandard.ZstdError as exc:
+                raise PatchError(f"tensor {name[:80]!r}: bad zstd frame") from exc
+            if len(plain) != n:
+                raise PatchError(f"tensor {name[:80]!r}: a chunk has the wrong size")
+            return np.frombuffer(plain, dtype=np.uint8)
+
         with open(tmp, "wb") as f:
             f.write(struct.pack("<Q", len(index.header)) + index.header)
             written = start
-            for t, (name, mode, lengths) in zip(layout, index.tensors, strict=True):
+            for k_t, t in enumerate(layout):
+                name, mode, _ = indices[0].tensors[k_t]
+                chunks = [i.tensors[k_t][2] for i in indices]
                 if t.start != written:
                     raise PatchError(f"tensor {name[:80]!r} does not follow the previous one")
                 pair = old.get(name)
-                if mode == "xor" and (
-                    pair is None or (pair.dtype, pair.shape) != (t.dtype, t.shape)
-                ):
+                paired = pair is not None and (pair.dtype, pair.shape) == (t.dtype, t.shape)
+                if mode == "xor" and not paired:
                     raise PatchError(
                         f"tensor {name[:80]!r} is patched against a base tensor that the base"
                         " version does not hold"
                     )
                 if mode not in ("xor", "raw"):
                     raise PatchError(f"tensor {name[:80]!r} has unknown patch mode {mode[:16]!r}")
-                if len(lengths) != -(-t.nbytes // index.chunk):
+                want = -(-t.nbytes // index.chunk)
+                if any(len(c) != want for c in chunks):
                     raise PatchError(f"tensor {name[:80]!r} has the wrong number of chunks")
                 digest = hashlib.sha256()
-                for k, length in enumerate(lengths):
+                for k in range(want):
                     lo = k * index.chunk
                     n = min(index.chunk, t.nbytes - lo)
-                    if length == 0 and mode == "xor":
-                        assert pair is not None
-                        block = _pread(bfd, n, pair.start + lo)
+                    first = chunks[0][k]
+                    if mode == "raw":
+                        data = _unplanes(frame(0, first, n, name), t.item_size)
                     else:
-                        try:
-                            plain = decompressor.decompress(
-                                _pread(pfd, length, at), max_output_size=n
-                            )
-                        except zstandard.ZstdError as exc:
-                            raise PatchError(f"tensor {name[:80]!r}: bad zstd frame") from exc
-                        if len(plain) != n:
-                            raise PatchError(f"tensor {name[:80]!r}: a chunk has the wrong size")
-                        data = _unplanes(np.frombuffer(plain, dtype=np.uint8), t.item_size)
-                        if mode == "xor":
-                            assert pair is not None
-                            was = np.frombuffer(_pread(bfd, n, pair.start + lo), dtype=np.uint8)
-                            data = np.bitwise_xor(data, was)
-                        block = bytes(data)
-                    at += length
-                    digest.update(block)
-                    f.write(block)
+                        assert pair is not None
+                        data = np.frombuffer(_pread(bfd, n, pair.start + lo), dtype=np.uint8)
+                        if first:
+                            delta = _unplanes(frame(0, first, n, name), t.item_size)
+                            data = np.bitwise_xor(data, delta)
+                    at[0] += first
+                    for i in range(1, len(indices)):
+                        length = chunks[i][k]
+                        if length:
+                            delta = _unplanes(frame(i, length, n, name), t.item_size)
+                            data = np.bitwise_xor(data, delta)
+                            at[i] += length
+                    view = memoryview(data)
+                    digest.update(view)
+                    f.write(view)
                 written = t.end
                 if digest.digest() != expected[name]:
                     raise PatchError(
@@ -471,6 +541,7 @@ def apply_patch(
             os.fsync(f.fileno())
         os.replace(tmp, out)
     finally:
-        os.close(pfd)
+        for fd in fds:
+            os.close(fd)
         os.close(bfd)
         tmp.unlink(missing_ok=True)

@@ -160,4 +160,6 @@ async def test_a_patch_that_does_not_reconstruct_the_signed_tensors_is_refused(
                         await sink.fetch_version(3)
                 assert sink.refused_patches == 1
                 assert 3 not in sink.store.versions()
-                assert sink.path_of(2) is not None  # the base (fetched first) is kept
+                # The chain v1 -> v2 was fetched first; v2 is good and kept (one pass over the
+                # chain failed, then one version at a time found the culprit, v3).
+                assert sink.path_of(2) is not None

@@ -16,6 +16,8 @@ from swarm.shardcast.delta import (
     MAGIC,
     PatchError,
     apply_patch,
+    apply_patches,
+    composable,
     encode_patch,
     hash_tensors,
     header_sha256,
@@ -171,4 +173,53 @@ def test_a_patch_whose_header_is_not_the_signed_one_is_refused(
     with pytest.raises(PatchError, match="header is not the one the manifest signs"):
         apply_patch(
             base, patch, tmp_path / "out", tensors=hash_tensors(target), header_sha256=bytes(32)
+        )
+
+
+def test_a_chain_of_patches_applies_in_one_pass_to_the_newest_version(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    w = rng.integers(0, 2**16, 3000, dtype=np.uint16)
+    files = []
+    for v in range(4):
+        w = w.copy()
+        w[rng.random(w.size) < 0.05] ^= 1
+        files.append(write(tmp_path / f"v{v}", {"w": w, "b": np.full(3, v, np.float32)}))
+    patches = []
+    for v in range(1, 4):
+        encode_patch(files[v - 1], files[v], tmp_path / f"p{v}", chunk=512)
+        patches.append(tmp_path / f"p{v}")
+    assert composable(patches)
+    apply_patches(
+        files[0],
+        patches,
+        tmp_path / "out",
+        tensors=hash_tensors(files[3]),
+        header_sha256=header_sha256(files[3]),
+    )
+    assert (tmp_path / "out").read_bytes() == files[3].read_bytes()
+    # Checked against the newest manifest: the chain without its last patch is refused.
+    with pytest.raises(PatchError, match="reconstructs to other bytes"):
+        apply_patches(
+            files[0],
+            patches[:2],
+            tmp_path / "out2",
+            tensors=hash_tensors(files[3]),
+            header_sha256=header_sha256(files[3]),
+        )
+
+
+def test_a_chain_that_changes_the_tensors_does_not_compose(tmp_path: Path) -> None:
+    a = write(tmp_path / "a", {"w": np.zeros(64, np.uint16)})
+    b = write(tmp_path / "b", {"w": np.ones(64, np.uint16)})
+    c = write(tmp_path / "c", {"w": np.ones(64, np.uint16), "new": np.ones(2, np.uint8)})
+    encode_patch(a, b, tmp_path / "p1")
+    encode_patch(b, c, tmp_path / "p2")
+    assert not composable([tmp_path / "p1", tmp_path / "p2"])
+    with pytest.raises(PatchError, match="one pass"):
+        apply_patches(
+            a,
+            [tmp_path / "p1", tmp_path / "p2"],
+            tmp_path / "out",
+            tensors=hash_tensors(c),
+            header_sha256=header_sha256(c),
         )

@@ -185,3 +185,36 @@ def test_the_inprocess_loop_generates_from_each_version_as_served(tmp_path: Path
     assert float_dtypes(served) == {torch.float32}
     assert all(torch.equal(served[k], v.to(torch.bfloat16).float()) for k, v in masters.items())
     assert _ServedPolicy(engine, trainer, "float32", tmp_path).engine is engine
+
+
+def test_a_tied_embedding_is_written_once_and_filled_back_on_load() -> None:
+    """Qwen2-style models tie lm_head to the embedding: a version stores the tensor once (as
+    Hugging Face does), and the loader fills the copy back in."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from node.compute.train_child import tied_copies
+    from node.model.loading import load_weights_into
+
+    config = Qwen2Config(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
+    model = Qwen2ForCausalLM(config)
+    assert tied_copies(model) == {"lm_head.weight": "model.embed_tokens.weight"}
+    stored = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    other = Qwen2ForCausalLM(config)
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/v.safetensors"
+        save_file({k: v.contiguous() for k, v in stored.items()}, path)
+        load_weights_into(other, path)
+    assert torch.equal(other.lm_head.weight, model.model.embed_tokens.weight)
