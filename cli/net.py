@@ -515,7 +515,7 @@ def _role_rows(table: Table, role_status: dict[str, Any]) -> None:
         table.add_row(
             "policy bytes",
             f"{_mib(transfers['bytes'])} MiB moved, {_mib(transfers['saved_bytes'])} MiB saved"
-            f" against whole versions ({transfers.get('refused_patches', 0)} patches refused)",
+            f" against whole versions ({transfers.get('refused_versions', 0)} versions refused)",
         )
 
 

@@ -307,8 +307,8 @@ class PolicyFeed:
         return self.chain.transfers
 
     @property
-    def refused_patches(self) -> int:
-        return self.chain.refused_patches
+    def refused_versions(self) -> int:
+        return self.chain.refused_versions
 
     def transfer_view(self) -> dict[str, Any]:
         return self.chain.view()

@@ -11,7 +11,7 @@
   of a 1.2 GB model one version at a time wrote ten files, 55 s on loopback, docs/BENCHMARKS.md),
   else each version in turn (``finish``); the result is checked tensor by tensor against the
   newest manifest, and one that reconstructs other bytes is refused, deleted and counted
-  (``refused_patches``); a sharded version is split into its files (``swarm.shardcast.split``);
+  (``refused_versions``); a sharded version is split into its files (``swarm.shardcast.split``);
   the versions between stay patches (served to others), reconstructed only when asked for;
 - ``transfers`` keeps, per version, the bytes that travelled against the version's full size
   (``view``: for ``status``, the dashboard and ``summary.json``).
@@ -30,10 +30,10 @@ from typing import Any
 import trio
 
 from node.shardcast import ShardcastService
-from swarm.errors import SwarmError, ValidationError
+from swarm.errors import ConfigError, SwarmError, ValidationError
 from swarm.messages import ShardManifest, Signed
 from swarm.shardcast import FetchConfig, ShardStore
-from swarm.shardcast.delta import PatchError, apply_patches, composable
+from swarm.shardcast.delta import PatchError, apply_patches, composable, hash_tensors
 from swarm.shardcast.fetch import ProgressCallback
 from swarm.shardcast.split import split_files
 
@@ -49,7 +49,7 @@ class VersionChain:
         self.transfers: dict[int, dict[str, int | bool]] = {}
         """Per version: ``bytes`` that travelled (fetched here, or published), ``full`` (the
         version's weights), ``patch`` (whether it travelled as a patch)."""
-        self.refused_patches = 0
+        self.refused_versions = 0
 
     async def weights(
         self,
@@ -85,7 +85,9 @@ class VersionChain:
                 break
             chain.append(signed)
         for signed in reversed(chain):
-            await self._fetch_bytes(service, signed, config, on_progress)
+            fetched = await self._fetch_bytes(service, signed, config, on_progress)
+            if fetched and not signed.message.is_patch:
+                await trio.to_thread.run_sync(self.check_whole, signed.message)
         versions = [signed.message.version for signed in reversed(chain)]
         await trio.to_thread.run_sync(self.finish_chain, versions)
         local = self.store.weights_path(version)
@@ -99,11 +101,12 @@ class VersionChain:
         manifest: Signed[ShardManifest],
         config: FetchConfig | None,
         on_progress: ProgressCallback | None,
-    ) -> None:
-        """The version's own bytes (a patch's, or the whole version's), counted."""
+    ) -> bool:
+        """The version's own bytes (a patch's, or the whole version's), counted; False when
+        they were complete here already."""
         version = manifest.message.version
         if self.store.is_complete(version):
-            return
+            return False
         result = await service.fetch(
             version, config=config, on_progress=on_progress, manifest=manifest
         )
@@ -118,6 +121,33 @@ class VersionChain:
             result.seconds,
         )
         self.count(self.store.manifest(version).message, moved)
+        return True
+
+    def check_whole(self, manifest: ShardManifest) -> None:
+        """A whole version (a snapshot) fetched here: its bytes matched the shard hashes, and
+        its tensors must match the tensor hashes the same manifest signs, which every patch
+        built on it is checked against. One that does not is refused, deleted and counted."""
+        if not manifest.tensors:
+            return  # a manifest from before tensor hashes
+        directory = self.store.directory(manifest.version)
+        spans = manifest.file_spans() if len(manifest.files) > 1 else None
+        try:
+            got = dict(hash_tensors(directory / "data", spans))
+        except ConfigError as exc:
+            got, why = {}, str(exc)
+        else:
+            why = ""
+        for name, digest in manifest.tensors:
+            if got.get(name) != digest:
+                why = why or f"tensor {name[:80]!r} differs from the manifest's hash"
+                break
+        if why or set(got) != {name for name, _ in manifest.tensors}:
+            self.refused_versions += 1
+            shutil.rmtree(directory, ignore_errors=True)
+            raise ValidationError(
+                f"policy v{manifest.version} refused and deleted: its bytes match their shard"
+                f" hashes but not the tensors its manifest signs ({why or 'other tensors'})"
+            )
 
     def finish_chain(self, versions: list[int]) -> None:
         """Make the newest of ``versions`` (one whole version, or patches oldest first whose
@@ -194,7 +224,7 @@ class VersionChain:
                 base_files=spans,
             )
         except PatchError as exc:
-            self.refused_patches += 1
+            self.refused_versions += 1
             shutil.rmtree(directory, ignore_errors=True)
             raise ValidationError(f"policy v{manifest.version} refused and deleted: {exc}") from exc
 
@@ -217,5 +247,5 @@ class VersionChain:
             "bytes": moved,
             "full_bytes": full,
             "saved_bytes": max(0, full - moved),
-            "refused_patches": self.refused_patches,
+            "refused_versions": self.refused_versions,
         }

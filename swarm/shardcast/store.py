@@ -351,11 +351,8 @@ class ShardStore:
         reconstructed ``weights``), or the ``files/`` directory of a sharded version; ``None``
         while it is not complete, reconstructed and split."""
         directory = self.directory(version)
-        if not self.is_complete(version):
-            return None
-        try:
-            manifest = self.manifest(version).message
-        except StorageError:
+        manifest = self._complete(version)
+        if manifest is None:
             return None
         if manifest.is_patch:
             weights = directory / "weights"
@@ -369,17 +366,23 @@ class ShardStore:
         """Version ``version``'s weights as bytes (what a patch against it applies to): the
         file and, for several files concatenated, each file's ``(offset, size)``."""
         directory = self.directory(version)
-        if not self.is_complete(version):
-            return None
-        try:
-            manifest = self.manifest(version).message
-        except StorageError:
+        manifest = self._complete(version)
+        if manifest is None:
             return None
         if manifest.is_patch:
             weights = directory / "weights"
             return (weights, None) if weights.is_file() else None
         spans = manifest.file_spans() if len(manifest.files) > 1 else None
         return directory / "data", spans
+
+    def _complete(self, version: int) -> ShardManifest | None:
+        """The manifest of a complete version (None: not complete, or unreadable)."""
+        if not self.is_complete(version):
+            return None
+        try:
+            return self.manifest(version).message
+        except StorageError:
+            return None
 
     def _chain_start(self, versions: list[int], oldest_kept: int) -> int:
         """The newest snapshot at or before ``oldest_kept`` (the chain's first version)."""

@@ -158,8 +158,40 @@ async def test_a_patch_that_does_not_reconstruct_the_signed_tensors_is_refused(
                 with pytest.raises(ValidationError, match="reconstructs to other bytes"):
                     with trio.fail_after(60):
                         await sink.fetch_version(3)
-                assert sink.refused_patches == 1
+                assert sink.refused_versions == 1
                 assert 3 not in sink.store.versions()
                 # The chain v1 -> v2 was fetched first; v2 is good and kept (one pass over the
                 # chain failed, then one version at a time found the culprit, v3).
                 assert sink.path_of(2) is not None
+
+
+async def test_a_snapshot_whose_tensors_are_not_the_signed_ones_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A whole version whose bytes match their shard hashes but whose manifest signs other
+    tensors (patches built on it would be checked against those) is refused and deleted."""
+    files = versions(tmp_path, 2)
+    async with net_with_patches() as net:
+        trainer = await net.node("trainer", bootstrap=[])
+        worker = await net.node("inference", bootstrap=[], connect_found_peers=False)
+        async with feed(trainer, tmp_path / "trainer") as source:
+            good = (await source.publish(1, files[0])).message
+            size = files[1].stat().st_size
+            staging = source.store.root / ".staging-bad"
+            hashes, _ = _hash_shards([files[1]], [size], good.shard_size, staging, layout=False)
+            wrong = dataclasses.replace(
+                good,
+                version=5,
+                files=(dataclasses.replace(good.files[0], size=size),),
+                shard_hashes=tuple(hashes),
+                total_size=size,
+                weights_size=size,
+            )
+            _store(source.store, sign(wrong, trainer.key), staging)
+            await connect(worker, trainer)
+            async with feed(worker, tmp_path / "worker") as sink:
+                with pytest.raises(ValidationError, match="not the tensors its manifest signs"):
+                    with trio.fail_after(60):
+                        await sink.fetch_version(5)
+                assert sink.refused_versions == 1
+                assert 5 not in sink.store.versions()
