@@ -656,6 +656,10 @@ def main() -> None:
             result["catch_up_10_s"] = run_catch_up(chain, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    # The key names at the top level: the figures of the first (goal) learning rate.
+    goal_lr = result["per_lr"][f"{lrs[0]:g}"]
+    for key in ("patch_over_full", "changed_share", "encode_s_per_gib", "apply_s_per_gib"):
+        result[key] = goal_lr[key]
     result.update(
         {
             "wall_s": time.perf_counter() - started,
