@@ -37,12 +37,14 @@ from node.rl.submission import build_submission
 from node.run import TaskSource, suite_for
 from node.runtime import Node
 from swarm.assignment import assign, assignment_key
-from swarm.errors import ConfigError, NetworkError, SwarmError
+from swarm.errors import ConfigError, NetworkError, PeerError, SwarmError
 from swarm.messages import PolicyAnnouncement, RolloutSubmission, Signed, Verdict, decode, sign
 from swarm.net.names import SUBMIT
 from swarm.net.protocols import SUBMIT_LIMITS
 
 log = logging.getLogger(__name__)
+SUBMIT_ATTEMPTS = 10
+"""Tries to hand one submission to a validator before its work is given up."""
 
 Tamper = Callable[[RolloutSubmission], RolloutSubmission]
 """A cheating worker's edit of its own submission (tests and the demo's cheater only)."""
@@ -179,6 +181,8 @@ class InferenceWorker:
         self._loaded_manifest: bytes | None = None
         self._fetched: dict[int, Held] = {}
         self._have_new = trio.Event()
+        self._refused = False
+        """The last ``submit`` was refused by a validator's answer (not lost on the way)."""
 
     async def run(self) -> None:
         """Work until cancelled."""
@@ -277,7 +281,25 @@ class InferenceWorker:
         if self.tamper is not None:
             submission = self.tamper(submission)
         started = time.perf_counter()
-        await self.submit(sign(submission, self.node.key))
+        signed = sign(submission, self.node.key)
+        # The request's counter is spent: work no validator took is offered again (each try
+        # waits a second when none took it), not lost, while its version is in the window.
+        # Seen under CI load: one of a quota's three submissions found no validator once.
+        for _ in range(SUBMIT_ATTEMPTS):
+            self._refused = False
+            if await self.submit(signed) is not None or self._refused:
+                break  # judged, or refused by a validator (an answer, not a lost message)
+            if self._newest_version() - version > self.params.async_level:
+                self.stats.dropped_stale += 1
+                log.info("dropped work of v%d: outside the async window", version)
+                break
+        else:
+            log.warning(
+                "gave up on request %d of v%d: no validator took it in %d tries",
+                counter,
+                version,
+                SUBMIT_ATTEMPTS,
+            )
         self.stats.submit_seconds += time.perf_counter() - started
 
     def _show_quota(self) -> None:
@@ -298,6 +320,7 @@ class InferenceWorker:
                 verdict = decode(raw, Verdict)
             except (NetworkError, SwarmError) as exc:
                 log.warning("validator %s did not take the submission: %s", validator[-8:], exc)
+                self._refused = self._refused or isinstance(exc, PeerError)
                 if type(exc) is NetworkError:  # no stream at all: dial afresh next time
                     await self.node.forget_peer(validator)
                 continue
