@@ -224,8 +224,13 @@ def fetch_cmd(
                     )
                 except PeerError as exc:
                     raise PeerError(f"{exc} (waited {wait:g} s for providers)") from exc
-                # A patch needs its base (and the chain back to a snapshot) to load; a sharded
-                # version is split into its files.
+                # Which path each peer's shards took, while the connections are up.
+                paths = {
+                    str(p["peer"]): service.path_to(str(p["peer"])) for p in result.progress.peers()
+                }
+                # A patch needs its base (and the chain back to a snapshot) to load, from any
+                # provider (a --from peer need not hold the whole chain); a sharded version is
+                # split into its files.
                 loaded = await VersionChain(service.store).weights(
                     service, result.version, config=FetchConfig(concurrency=concurrency)
                 )
@@ -239,7 +244,7 @@ def fetch_cmd(
                 console.print(
                     f"  {str(peer['peer'])[-12:]}: {peer['shards']} shards,"
                     f" {peer['rate_mib_s']} MiB/s, {peer['failures']} failures,"
-                    f" path {service.path_to(str(peer['peer']))}"
+                    f" path {paths.get(str(peer['peer'])) or service.path_to(str(peer['peer']))}"
                     + (" (dropped)" if peer["dropped"] else ""),
                     highlight=False,
                 )

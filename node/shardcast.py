@@ -212,13 +212,14 @@ class ShardcastService:
         me = self.node.peer_id
         return [p for p in dict.fromkeys(found) if p != me]
 
-    async def manifest(self, version: int) -> Signed[ShardManifest]:
-        """The verified manifest of ``version`` from its providers (held copies first)."""
+    async def manifest(self, version: int, only: Sequence[str] = ()) -> Signed[ShardManifest]:
+        """The verified manifest of ``version`` from its providers (``only``: these peers),
+        held copies first."""
         try:
             return self.store.manifest(version)
         except SwarmError:
             pass
-        peers = self._sample(await self.providers(version))
+        peers = list(only) or self._sample(await self.providers(version))
         if not peers:
             raise PeerError(
                 f"no provider of policy v{version} is known: no trainer or connected peer;"

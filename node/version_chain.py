@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,16 +60,18 @@ class VersionChain:
         config: FetchConfig | None = None,
         on_progress: ProgressCallback | None = None,
         base: Callable[[int], Awaitable[Path]] | None = None,
+        only: Sequence[str] = (),
     ) -> Path:
-        """What loads ``version`` (``ShardStore.weights_path``), fetched when not held."""
+        """What loads ``version`` (``ShardStore.weights_path``), fetched when not held
+        (``only``: from these peers and no others, ``shardcast fetch --from``)."""
         held = self.store.weights_path(version)
         if held is not None:
             return held
         if manifest is None or manifest.message.version != version:
-            manifest = await service.manifest(version)
+            manifest = await service.manifest(version, only)
 
         async def own_base(v: int) -> Path:
-            return await self.weights(service, v, config=config)
+            return await self.weights(service, v, config=config, only=only)
 
         fetch_base = base or own_base
         chain = [manifest]  # newest first: the patches back to held weights or a snapshot
@@ -78,14 +80,14 @@ class VersionChain:
             assert older is not None
             if self.store.weights_bytes(older) is not None:
                 break
-            signed = await service.manifest(older)
+            signed = await service.manifest(older, only)
             if not signed.message.is_patch:
                 log.info("policy v%d: fetching the snapshot v%d it patches first", version, older)
                 await fetch_base(older)  # whole, through the caller's fetch (locks, v0 check)
                 break
             chain.append(signed)
         for signed in reversed(chain):
-            fetched = await self._fetch_bytes(service, signed, config, on_progress)
+            fetched = await self._fetch_bytes(service, signed, config, on_progress, only)
             if fetched and not signed.message.is_patch:
                 await trio.to_thread.run_sync(self.check_whole, signed.message)
         versions = [signed.message.version for signed in reversed(chain)]
@@ -101,6 +103,7 @@ class VersionChain:
         manifest: Signed[ShardManifest],
         config: FetchConfig | None,
         on_progress: ProgressCallback | None,
+        only: Sequence[str] = (),
     ) -> bool:
         """The version's own bytes (a patch's, or the whole version's), counted; False when
         they were complete here already."""
@@ -108,7 +111,7 @@ class VersionChain:
         if self.store.is_complete(version):
             return False
         result = await service.fetch(
-            version, config=config, on_progress=on_progress, manifest=manifest
+            version, config=config, on_progress=on_progress, manifest=manifest, only=only
         )
         moved = result.progress.fetched_bytes
         log.info(
