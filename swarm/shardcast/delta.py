@@ -117,6 +117,8 @@ class PatchStats:
     changed_chunks: int
     chunks: int
     raw_tensors: int
+    tensors: tuple[tuple[str, bytes], ...] = ()
+    """``(name, sha256)`` of every tensor of the new version, hashed on the same read."""
 
     @property
     def share(self) -> float:
@@ -294,6 +296,7 @@ def encode_patch(
     new = tensor_layout(target)
     compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
     entries: list[list[Any]] = []
+    digests: list[tuple[str, bytes]] = []
     changed = chunks = raw_tensors = 0
     payload = out.with_name(out.name + ".payload")
     bfd = os.open(base, os.O_RDONLY)
@@ -306,9 +309,11 @@ def encode_patch(
                 xor = pair is not None and (pair.dtype, pair.shape) == (t.dtype, t.shape)
                 raw_tensors += not xor
                 lengths: list[int] = []
+                digest = hashlib.sha256()
                 for lo in range(0, t.nbytes, chunk):
                     n = min(chunk, t.nbytes - lo)
                     now = np.frombuffer(_pread(tfd, n, t.start + lo), dtype=np.uint8)
+                    digest.update(now.data)
                     if xor:
                         assert pair is not None
                         was = np.frombuffer(_pread(bfd, n, pair.start + lo), dtype=np.uint8)
@@ -323,6 +328,7 @@ def encode_patch(
                     chunks += 1
                     changed += 1
                 entries.append([t.name, "xor" if xor else "raw", lengths])
+                digests.append((t.name, digest.digest()))
         index = msgpack.packb({"header": header, "chunk": chunk, "tensors": entries})
         with open(out, "wb") as f:
             f.write(MAGIC + struct.pack("<Q", len(index)) + index)
@@ -341,6 +347,7 @@ def encode_patch(
         changed_chunks=changed,
         chunks=chunks,
         raw_tensors=raw_tensors,
+        tensors=tuple(digests),
     )
 
 

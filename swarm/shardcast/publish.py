@@ -133,7 +133,7 @@ def publish_version(
         stats = encode_patch(base_path, path, patch, base_files=spans)
         if stats.patch_bytes > params.patch_max_share * full or since + stats.patch_bytes > full:
             return publish(path, key=key, genesis=genesis, version=version, store=store)
-        tensors = _hash_tensors(path)
+        tensors = stats.tensors  # hashed as the patch read the file
         shard_size = params.shard_size or DEFAULT_SHARD_SIZE
         staging = store.root / f".publish-{version}-{os.getpid()}"
         try:
@@ -213,16 +213,6 @@ def _patch_bytes_since_snapshot(store: ShardStore, newest: int) -> int:
             return total
         total += manifest.total_size
     return total
-
-
-def _hash_tensors(path: Path) -> tuple[tuple[str, bytes], ...]:
-    hasher = TensorHasher(tensor_layout(path))
-    with open(path, "rb", buffering=0) as f:
-        offset = 0
-        while block := f.read(_BLOCK):
-            hasher.update(offset, block)
-            offset += len(block)
-    return hasher.digests()
 
 
 def _copy(source: Path, target: Path) -> None:

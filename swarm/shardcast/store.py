@@ -342,7 +342,10 @@ class ShardStore:
             with contextlib.suppress(StorageError):
                 manifest = self.manifest(v).message
                 total += manifest.total_size
-                if self.weights_path(v) not in (None, self.directory(v) / "data"):
+                directory = self.directory(v)
+                if (manifest.is_patch and (directory / "weights").is_file()) or (
+                    len(manifest.files) > 1 and (directory / "files").is_dir()
+                ):
                     total += manifest.full_size
         return total
 
