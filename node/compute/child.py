@@ -317,7 +317,7 @@ class ChildEngine(FramedChild, Engine):
         return str(self._call("decode", {"tokens": tokens}))
 
     def score(self, items: list[ScoreItem], length_coeff: float) -> list[float]:
-        wire = [[it.tokens, it.answer, it.verifier, it.target_len] for it in items]
+        wire = [[it.tokens, it.answer, it.verifier, it.target_len, it.entry] for it in items]
         args = {"items": wire, "length_coeff": float(length_coeff)}
         return [float(r) for r in self._list("score", args)]
 
@@ -395,7 +395,8 @@ def _serve(engine: Engine | None, op: str, args: dict[str, Any]) -> tuple[Engine
         return engine, engine.decode([int(t) for t in args["tokens"]])
     if op == "score":
         scored = [
-            ScoreItem([int(x) for x in t], str(a), str(v), tl) for t, a, v, tl in args["items"]
+            ScoreItem([int(x) for x in t], str(a), str(v), tl, str(e))
+            for t, a, v, tl, e in args["items"]
         ]
         return engine, engine.score(scored, float(args["length_coeff"]))
     if op == "verify":

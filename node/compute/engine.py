@@ -82,6 +82,9 @@ class ScoreItem:
     answer: str
     verifier: str
     target_len: int | None = None
+    entry: str = ""
+    """The task's item as its library gave it (JSON text), for verifiers that score against
+    the whole item (``reasoning-gym``); empty for the others."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,7 @@ class Engine(abc.ABC):
 
         text = self._need_text()
         return [
-            verify_answer(it.verifier, it.answer, text.decode(it.tokens))
+            verify_answer(it.verifier, it.answer, text.decode(it.tokens), it.entry)
             - length_penalty(len(it.tokens), it.target_len, length_coeff)
             for it in items
         ]

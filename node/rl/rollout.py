@@ -8,10 +8,12 @@ template, in the compute child), never here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from node.compute.engine import Engine, Generation, ScoreItem
 from node.run import TaskSource
+from node.tasks.suite import Task
 from swarm.assignment import Assignment
 from swarm.messages import RunParams
 
@@ -63,5 +65,10 @@ def score_samples(
     items = []
     for pid, tokens in zip(prompt_ids, completions, strict=True):
         task = suite.task(pid)
-        items.append(ScoreItem(list(tokens), task.answer, task.verifier, task.target_len))
+        items.append(score_item(task, tokens))
     return engine.score(items, params.length_penalty)
+
+
+def score_item(task: Task, tokens: Sequence[int]) -> ScoreItem:
+    """What the engine needs to score ``tokens`` as a completion of ``task``."""
+    return ScoreItem(list(tokens), task.answer, task.verifier, task.target_len, task.entry)

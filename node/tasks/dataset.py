@@ -14,17 +14,24 @@ Decisions this module owns:
   judging, the offline filter and the length penalty work on either unchanged.
 - The file is bound to the run by sha256 in the genesis and fetched from peers by the run's
   node code (not here); ``sha256`` is kept so callers can compare.
+- JSONL keeps this reader rather than ``datasets``' JSON builder, which does not do the same
+  (datasets 5.2): it fails on a blank line with no line number ("Expected object or value"),
+  and in a file whose answers mix "1" and 2 it turns the string "1" into the number 1. Parquet,
+  arrow and saved ``datasets`` folders load through ``datasets`` (:mod:`node.tasks.hf`), and
+  their rows pass the same checks (``task_of_row``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from node.tasks.suite import Task
-from node.tasks.verifiers import VERIFIERS
+from node.tasks.verifiers import DATA_VERIFIERS as VERIFIERS
 from swarm.errors import ConfigError
 
 MAX_DATASET_BYTES = 512 * 1024 * 1024
@@ -61,19 +68,35 @@ def _parse_line(where: str, task_id: int, line: str) -> Task:
         raise ConfigError(f"{where}: not JSON ({exc.args[0][:80]}); one object per line") from exc
     if not isinstance(row, dict):
         raise ConfigError(f"{where}: a line must be a JSON object with prompt and answer")
-    prompt, answer = row.get("prompt"), row.get("answer")
+    return task_of_row(where, task_id, row)
+
+
+def task_of_row(
+    where: str,
+    task_id: int,
+    row: Mapping[str, Any],
+    *,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    verifier_key: str = "verifier",
+    target_key: str = "target_len",
+    default_verifier: str = "exact",
+) -> Task:
+    """One row (a JSONL line, a ``datasets`` row) as a task; ``ConfigError`` naming ``where``
+    and the column when a value is not what a task needs."""
+    prompt, answer = row.get(prompt_key), row.get(answer_key)
     if not isinstance(prompt, str) or not prompt:
-        raise ConfigError(f'{where}: "prompt" must be a non-empty string')
+        raise ConfigError(f'{where}: "{prompt_key}" must be a non-empty string')
     if not isinstance(answer, str | int | float) or isinstance(answer, bool) or answer == "":
-        raise ConfigError(f'{where}: "answer" must be a non-empty string (or a number)')
-    verifier = row.get("verifier", "exact")
+        raise ConfigError(f'{where}: "{answer_key}" must be a non-empty string (or a number)')
+    verifier = row.get(verifier_key) or default_verifier
     if verifier not in VERIFIERS:
         raise ConfigError(f"{where}: verifier {verifier!r} is not one of {', '.join(VERIFIERS)}")
-    target = row.get("target_len")
+    target = row.get(target_key)
     if target is not None and (
         not isinstance(target, int) or isinstance(target, bool) or target <= 0
     ):
-        raise ConfigError(f'{where}: "target_len" must be a positive integer')
+        raise ConfigError(f'{where}: "{target_key}" must be a positive integer')
     return Task(task_id, "data", 0, prompt, str(answer), target, verifier)
 
 

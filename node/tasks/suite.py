@@ -49,11 +49,15 @@ class Task:
     answer: str
     target_len: int | None = None
     verifier: str = "exact"
-    """How the answer is checked (:mod:`node.tasks.verifiers`): ``exact`` or ``math``."""
+    """How the answer is checked (:mod:`node.tasks.verifiers`): ``exact``, ``math`` or
+    ``reasoning-gym`` (the item's data set's own scorer)."""
+    entry: str = ""
+    """The item as its library gave it, as JSON text, for a verifier that scores against the
+    whole item (reasoning-gym's ``score_answer(answer, entry)``); empty otherwise."""
 
     def reward(self, completion: str) -> float:
         """Task reward in [0, 1] for the decoded ``completion`` (text before EOS)."""
-        return verify_answer(self.verifier, self.answer, completion)
+        return verify_answer(self.verifier, self.answer, completion, self.entry)
 
 
 def _rng(seed: int, task_id: int) -> random.Random:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from swarm.messages._base import Fields, Message, Signed, decode, decode_as, sign
+from swarm.messages.evaluation import Evaluation, eval_due, eval_seed, eval_validator
 from swarm.messages.ledger import LedgerEvent
 from swarm.messages.membership import ROLES, PolicyAnnouncement, Role, RoleAdvert, parse_role
 from swarm.messages.rollouts import REWARD_SCALE, RolloutSubmission, Sample, Verdict
@@ -30,6 +31,7 @@ MESSAGE_TYPES: Final[tuple[type[Any], ...]] = (
     RolloutSubmission,
     Verdict,
     LedgerEvent,
+    Evaluation,
 )
 KINDS: Final[dict[str, type[Any]]] = {cls.KIND: cls for cls in MESSAGE_TYPES}
 LIMITS: Final[dict[str, int]] = {cls.KIND: cls.MAX_BYTES for cls in MESSAGE_TYPES}
@@ -48,6 +50,7 @@ __all__ = [
     "MESSAGE_TYPES",
     "REWARD_SCALE",
     "ROLES",
+    "Evaluation",
     "Fields",
     "FileRef",
     "LedgerEvent",
@@ -66,6 +69,9 @@ __all__ = [
     "Verdict",
     "decode",
     "decode_any",
+    "eval_due",
+    "eval_seed",
+    "eval_validator",
     "parse_role",
     "run_id_of",
     "sign",

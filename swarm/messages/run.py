@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Self
 from swarm.errors import ConfigError, MalformedError
 from swarm.identity import public_from_peer_id
 from swarm.messages._base import Fields, Signed, typed
+from swarm.messages.evaluation import MAX_EVAL_ITEMS
 from swarm.sampling import SAMPLERS
 from swarm.wire import canonical
 
@@ -89,6 +90,12 @@ class RunParams:
     patch_max_share: float = 0.5
     """A patch above this share of its version's full size is not worth it: the trainer
     publishes that version whole instead (a dense update)."""
+    eval_every: int = 5
+    """Held-out evaluation cadence: versions 0, K, 2K, ... are evaluated (0 = no evaluation;
+    ``swarm.messages.evaluation``)."""
+    eval_size: int = 32
+    """Items of the held-out split: the task source's last ``eval_size`` items, never served
+    for training (an evaluation scores each once)."""
 
     # Keys this version does not know are kept (and re-signed unchanged) but not interpreted.
     extra: Mapping[str, int | str | bool] = field(default_factory=dict)
@@ -117,6 +124,11 @@ class RunParams:
             )
         if self.snapshot_every < 1:
             raise ConfigError("run parameter snapshot_every must be at least 1 (1: no patches)")
+        if self.eval_every and not 1 <= self.eval_size <= MAX_EVAL_ITEMS:
+            raise ConfigError(
+                f"run parameter eval_size must lie in [1, {MAX_EVAL_ITEMS}] while eval_every is"
+                f" set, not {self.eval_size} (eval_every=0 turns evaluation off)"
+            )
         if self.sampler not in SAMPLERS:
             raise ConfigError(
                 f"the run uses sampler {self.sampler[:32]!r}, which this swarm-node does not know"
@@ -156,10 +168,11 @@ LEGACY_PARAMS: Mapping[str, int | str] = {
     "max_tolerated_per_1k": 0,
     "serve_dtype": "float32",
     "snapshot_every": 1,
+    "eval_every": 0,
 }
 """What a genesis signed before issue 24 meant by leaving these keys out: the numpy sampler, one
 tolerance of 0.25 at every precision, no near-tie bound, unbounded counters; and before issue 25:
-float32 versions, each published whole."""
+float32 versions, each published whole; and before issue 26: no held-out evaluation."""
 
 
 def _parse_param(key: str, annotation: Any, value: Any, *, strings: bool) -> Any:
@@ -188,6 +201,8 @@ MAX_CARD_FILES = 64
 MAX_WEIGHT_FILES = 256
 """Shard files a card binds (the largest released checkpoints hold a few hundred; 256 of them
 fit in a genesis with room to spare)."""
+MAX_TASK_FILES = 256
+MAX_TASK_SPEC = 16 * 1024
 _BAD_NAME = frozenset({"", ".", ".."})
 
 
@@ -325,6 +340,14 @@ class RunGenesis:
     params: RunParams = field(default_factory=RunParams)
     task_data: FileRef | None = None
     """The JSONL data set of a ``task_suite="jsonl"`` run, bound by sha256."""
+    task_files: tuple[FileRef, ...] = ()
+    """The files of a ``task_suite="datasets"`` run (a Hugging Face ``datasets`` folder or
+    parquet/arrow files), each bound by sha256."""
+    task_spec: str = ""
+    """The task source's own settings as canonical JSON text (``node.tasks.sources``): the
+    reasoning-gym version, data sets, configs, weights, seed, size and built items' digest, or
+    a data set's column names. JSON text because configs hold real numbers (signed payloads
+    hold none)."""
 
     def __post_init__(self) -> None:
         for peer in (*self.trainers, *self.validators):
@@ -333,6 +356,10 @@ class RunGenesis:
             raise MalformedError("a run genesis names at least one trainer")
         if not self.validators:
             raise MalformedError("a run genesis names at least one validator")
+        if len(self.task_files) > MAX_TASK_FILES:
+            raise MalformedError(f"a run genesis binds at most {MAX_TASK_FILES} task files")
+        if len(self.task_spec) > MAX_TASK_SPEC:
+            raise MalformedError(f"a task spec is at most {MAX_TASK_SPEC} characters")
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -345,6 +372,9 @@ class RunGenesis:
             "validators": list(self.validators),
             "params": self.params.to_wire(),
             **({} if self.task_data is None else {"task_data": self.task_data.to_wire()}),
+            # Written only when set, so a genesis of the suite or of JSONL encodes as before.
+            **({"task_files": [r.to_wire() for r in self.task_files]} if self.task_files else {}),
+            **({"task_spec": self.task_spec} if self.task_spec else {}),
         }
 
     @classmethod
@@ -359,4 +389,6 @@ class RunGenesis:
             validators=f.seq("validators", typed(str, "validators")),
             params=RunParams.from_map({**LEGACY_PARAMS, **f.plain_map("params", {})}),
             task_data=FileRef.from_wire(f.sub("task_data")) if f.has("task_data") else None,
+            task_files=f.items("task_files", FileRef.from_wire, []),
+            task_spec=f.text("task_spec", ""),
         )
