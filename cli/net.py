@@ -206,7 +206,10 @@ def join(
     ] = None,
     tasks: Annotated[
         Path | None,
-        typer.Option("--tasks", help="A local copy of the run's JSONL data set (checked)."),
+        typer.Option(
+            "--tasks",
+            help="A local copy of the run's data set: its JSONL file or datasets folder (checked).",
+        ),
     ] = None,
     engine: Annotated[
         str | None,

@@ -14,13 +14,23 @@ from node.model import DEFAULT_MODEL_DIR
 from node.model.card import card_for_dir
 from node.run import (
     DEFAULT_MODEL,
+    bind_tasks,
     create_genesis,
     describe,
     load_genesis,
     parse_params,
     write_genesis,
 )
+from node.run_assets import AssetDirs
 from swarm.errors import ConfigError
+
+_DEFAULT_COLUMNS = {
+    "prompt": "prompt",
+    "answer": "answer",
+    "verifier_column": "",
+    "verifier": "exact",
+    "target_len_column": "",
+}
 
 run_app = typer.Typer(
     help="Run genesis files: create (as the run owner) and show.", no_args_is_help=True
@@ -59,9 +69,43 @@ def run_create(
         ),
     ] = None,
     tasks: Annotated[
+        str,
+        typer.Option(
+            "--tasks",
+            help="The task source: default (the built-in suite), reasoning-gym:NAME[,NAME...],"
+            " a JSONL file (prompt, answer, verifier), or a Hugging Face datasets folder or"
+            " parquet/arrow/csv file (columns named by --prompt-column etc.).",
+        ),
+    ] = "default",
+    task_config: Annotated[
         Path | None,
-        typer.Option("--tasks", help="JSONL data set (prompt, answer, verifier) to bind."),
+        typer.Option(
+            "--task-config",
+            help="reasoning-gym: YAML/JSON in its composite format (datasets: [{name, weight,"
+            " config}]) giving each data set's config and weight.",
+        ),
     ] = None,
+    task_size: Annotated[
+        int, typer.Option("--task-size", help="reasoning-gym: items to build (all nodes alike).")
+    ] = 1000,
+    prompt_column: Annotated[
+        str, typer.Option("--prompt-column", help="datasets: the prompt column.")
+    ] = "prompt",
+    answer_column: Annotated[
+        str, typer.Option("--answer-column", help="datasets: the reference answer column.")
+    ] = "answer",
+    verifier_column: Annotated[
+        str,
+        typer.Option("--verifier-column", help="datasets: a column naming each row's verifier."),
+    ] = "",
+    verifier: Annotated[
+        str,
+        typer.Option("--verifier", help="datasets: the verifier of every row (exact or math)."),
+    ] = "exact",
+    target_len_column: Annotated[
+        str,
+        typer.Option("--target-len-column", help="datasets: a target-length column (optional)."),
+    ] = "",
     force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")] = False,
     home: HomeOption = None,
 ) -> None:
@@ -74,7 +118,23 @@ def run_create(
         name=model_name or (model.resolve().name if model else DEFAULT_MODEL),
         chat_template=chat_template,
     )
-    owner = open_home(home).load_key()
+    node_home = open_home(home)
+    owner = node_home.load_key()
+    columns = {
+        "prompt": prompt_column,
+        "answer": answer_column,
+        "verifier_column": verifier_column,
+        "verifier": verifier,
+        "target_len_column": target_len_column,
+    }
+    binding = bind_tasks(
+        tasks,
+        task_config=task_config,
+        seed=task_seed,
+        size=task_size,
+        columns=None if tasks.endswith(".jsonl") and columns == _DEFAULT_COLUMNS else columns,
+        cache=AssetDirs.under(node_home.path).data,
+    )
     genesis = create_genesis(
         owner,
         name=name,
@@ -83,7 +143,7 @@ def run_create(
         params=params,
         model=card,
         task_seed=task_seed,
-        task_data=tasks,
+        tasks=binding,
     )
     write_genesis(genesis, output)
     console.print(f"run {describe(genesis)['run_id']} written to {output}", highlight=False)

@@ -198,7 +198,7 @@ class _Engines:
         if self._suite is None:
             dirs = self.assets.dirs()
             data = local_data_set(self.genesis, self.assets.tasks, dirs)
-            self._suite = suite_for(self.genesis, data)
+            self._suite = suite_for(self.genesis, data, cache=dirs.data)
         return self._suite
 
     def get(self, version: int) -> TorchEngine:

@@ -11,7 +11,8 @@ model's directory is bound as it is at creation. Its tasks (``bind_tasks``) are 
 - reasoning-gym generators (``task_suite="reasoning-gym"``: version, data sets, configs,
   weights, seed, size and the built items' digest in ``task_spec``).
 
-The held-out evaluation split is the source's last ``eval_size`` items (``eval_ids``): they are
+The held-out evaluation split is the source's last ``eval_size`` items, at most a fifth of them
+(``eval_ids``): they are
 excluded from training (``suite_for``), and a split whose prompts also appear among the training
 items is refused when the genesis is made and when a node loads it."""
 
@@ -218,23 +219,23 @@ def suite_for(
     (cached under ``cache``). ``ConfigError`` for a source this software does not know, a
     missing copy, one that differs from the genesis, or an evaluation split that overlaps."""
     source = _source_for(genesis, data_set, cache)
-    return _held_out(source, genesis.params.eval_size if genesis.params.eval_every else 0)
+    return _held_out(source, held_out_count(genesis, source.size))
+
+
+def held_out_count(genesis: RunGenesis, size: int) -> int:
+    """Items of the evaluation split: ``eval_size``, but at most a fifth of the source, so a
+    small data set keeps most of its items for training (none when evaluation is off)."""
+    return min(genesis.params.eval_size, size // 5) if genesis.params.eval_every else 0
 
 
 def eval_ids(genesis: RunGenesis, source: TaskSource) -> list[int]:
-    """The held-out items: the source's last ``eval_size`` ids (none when evaluation is off)."""
-    n = genesis.params.eval_size if genesis.params.eval_every else 0
-    return list(range(max(0, source.size - n), source.size))
+    """The held-out items: the source's last ``held_out_count`` ids (none: no evaluation)."""
+    return list(range(source.size - held_out_count(genesis, source.size), source.size))
 
 
 def _held_out(source: TaskSource, n: int) -> TaskSource:
     if n <= 0:
         return source
-    if n >= source.size:
-        raise ConfigError(
-            f"the evaluation split (eval_size={n}) leaves no training items of {source.size};"
-            " lower eval_size or bind more items"
-        )
     held = range(source.size - n, source.size)
     overlap = _overlap(source, n)
     if overlap is not None:

@@ -13,7 +13,10 @@ Decisions this module owns:
 - A genesis without a card (made before cards) binds nothing: the node uses ``--model`` or the
   embedded model, as before.
 - The data set of a ``jsonl`` run comes the same way: ``--tasks FILE`` (checked), the cache
-  ``<data>/<sha256>/<name>``, or the run's peers.
+  ``<data>/<sha256>/<name>``, or the run's peers; so do the files of a ``datasets`` run:
+  ``--tasks DIR`` (or one bound file), the cache folder ``<data>/<set id>/`` (``set id``: the
+  sha256 of the files' hashes), or the run's peers, file by file. Either way ``data_set`` is
+  what ``node.run.suite_for`` reads: the JSONL file, or the folder holding the bound files.
 - What a node holds it serves (``serve``): the card's small files and the data set, by sha256.
 - Downloads say what they do: one log line per file, and SHARDCAST progress every few seconds.
 
@@ -23,6 +26,7 @@ written last, so a half-built cache directory is completed, never trusted.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -62,6 +66,11 @@ class AssetDirs:
     def data_set(self, ref: FileRef) -> Path:
         return self.data / ref.sha256.hex() / ref.name
 
+    def data_files(self, refs: tuple[FileRef, ...]) -> Path:
+        """The cache folder of a ``datasets`` run's files."""
+        digest = hashlib.sha256(b"".join(ref.sha256 for ref in refs)).hexdigest()
+        return self.data / digest[:32]
+
 
 def local_model(card: ModelSpec, given: Path | None, dirs: AssetDirs) -> Path | None:
     """The model directory to use without the network, or None when it must be fetched.
@@ -83,7 +92,10 @@ def local_model(card: ModelSpec, given: Path | None, dirs: AssetDirs) -> Path | 
 
 
 def local_data_set(genesis: RunGenesis, given: Path | None, dirs: AssetDirs) -> Path | None:
-    """The data set file to use without the network (None: none bound, or fetch it)."""
+    """The data set to use without the network (None: none bound, or fetch it): the JSONL file,
+    or the folder holding a ``datasets`` run's files."""
+    if genesis.task_files:
+        return _local_files(genesis.task_files, given, dirs)
     ref = genesis.task_data
     if ref is None:
         return None
@@ -97,6 +109,21 @@ def local_data_set(genesis: RunGenesis, given: Path | None, dirs: AssetDirs) -> 
         return given
     cached = dirs.data_set(ref)
     return cached if cached.is_file() and mismatch(ref, cached) is None else None
+
+
+def _local_files(refs: tuple[FileRef, ...], given: Path | None, dirs: AssetDirs) -> Path | None:
+    if given is not None:
+        folder = given.parent if given.is_file() else given
+        for ref in refs:
+            why = mismatch(ref, folder / ref.name)
+            if why is not None:
+                raise ConfigError(
+                    f"--tasks {given}: {ref.name} {why}; use the run's data set (or leave out"
+                    " --tasks to fetch it from peers)"
+                )
+        return folder
+    cached = dirs.data_files(refs)
+    return cached if all(mismatch(r, cached / r.name) is None for r in refs) else None
 
 
 def check_local(
@@ -149,7 +176,15 @@ async def obtain(
             give_up_after=give_up_after,
             what="data set",
         )
-    serve(node, card, model_dir, genesis.task_data, data_set)
+    if data_set is None and genesis.task_files:
+        data_set = dirs.data_files(genesis.task_files)
+        for ref in genesis.task_files:
+            if mismatch(ref, data_set / ref.name) is not None:
+                await fetch_file(
+                    node, ref, data_set / ref.name, give_up_after=give_up_after, what="data file"
+                )
+    refs = genesis.task_files or (() if genesis.task_data is None else (genesis.task_data,))
+    serve(node, card, model_dir, refs, data_set)
     return RunAssets(model_dir, data_set)
 
 
@@ -157,15 +192,17 @@ def serve(
     node: Any,
     card: ModelSpec,
     model_dir: Path,
-    data_ref: FileRef | None,
+    data_refs: tuple[FileRef, ...],
     data_set: Path | None,
 ) -> RunFileServer:
-    """Serve the card's small files and the data set on run-files."""
+    """Serve the card's small files and the data set's files on run-files."""
     server = RunFileServer()
     if card.bound:
         server.add_dir(card.files, model_dir)
-    if data_ref is not None and data_set is not None:
-        server.add(data_ref, data_set)
+    if data_set is not None and data_set.is_dir():
+        server.add_dir(data_refs, data_set)
+    elif data_set is not None:
+        server.add(data_refs[0], data_set)
     node.handle(RUN_FILES, server.handle, RUN_FILES_LIMITS)
     return server
 

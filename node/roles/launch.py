@@ -202,7 +202,10 @@ async def launch(
             await nursery.start(feed.run)
             nursery.start_soon(replica.run)
             handle.assets = assets = await obtain(node, feed, dirs, model=model_dir, tasks=tasks)
-            suite = suite_for(node.config.genesis.message, assets.data_set)
+            # A reasoning-gym run builds its items (once: cached by digest beside the data sets).
+            suite = await trio.to_thread.run_sync(
+                lambda: suite_for(node.config.genesis.message, assets.data_set, cache=dirs.data)
+            )
             chat = chat_template_wanted(node.config.genesis.message)
             # Tokenizer that does not fit the model, chat template missing: stop before work.
             check_model_dir(assets.model_dir, chat_template=chat)

@@ -10,6 +10,7 @@ import pytest
 
 from tests.system.test_cli_identity import run
 from tests.unit.test_model_card import fake_model
+from tests.unit.test_task_sources import parquet_dir
 
 DIAL_NOWHERE = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN"
 
@@ -62,13 +63,37 @@ def test_run_create_binds_the_model_card_and_the_data_set(
     assert view["task_suite"] == "jsonl" and view["task_data"].startswith("t.jsonl sha256 ")
 
 
+def test_run_create_binds_reasoning_gym_with_its_version_and_digest(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, owner: tuple[Path, str]
+) -> None:
+    genesis = tmp_path / "gym.genesis"
+    code, _, err = create(
+        capsys,
+        owner,
+        genesis,
+        *("--tasks", "reasoning-gym:leg_counting,spell_backward", "--task-size", "50"),
+        *("--task-seed", "5", "--param", "eval_size=4"),
+    )
+    assert code == 0, err
+    code, out, _ = run(capsys, "run", "show", str(genesis), "--json")
+    view = json.loads(out)
+    spec = json.loads(view["task_spec"])
+    assert view["task_suite"] == "reasoning-gym" and spec["size"] == 50 and spec["seed"] == 5
+    assert [d["name"] for d in spec["datasets"]] == ["leg_counting", "spell_backward"]
+    assert spec["version"] == "0.1.25" and len(spec["digest"]) == 64
+    assert view["params"]["eval_size"] == 4 and view["params"]["eval_every"] == 5
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
         (["--model", "/nonexistent"], "no config.json"),
         (["--no-chat-template", "--model", "TEMPLATELESS", "--chat-template"], "no chat template"),
-        (["--tasks", "/nonexistent.jsonl"], "cannot read it"),
+        (["--tasks", "/nonexistent.jsonl"], "no such file or folder"),
         (["--tasks", "BAD_TASKS"], "bad.jsonl:1"),
+        (["--tasks", "reasoning-gym:no_such_gym"], "has no data set 'no_such_gym'"),
+        (["--tasks", "PARQUET", "--prompt-column", "q"], "has no column 'q'"),
+        (["--tasks", "PARQUET", "--verifier", "fuzzy"], "--verifier 'fuzzy' is not one of"),
     ],
 )
 def test_run_create_bad_model_or_data_set_is_one_line_exit_2(
@@ -81,7 +106,8 @@ def test_run_create_bad_model_or_data_set_is_one_line_exit_2(
     templateless = fake_model(tmp_path / "plain", template=False)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "no answer"}\n')
-    swap = {"TEMPLATELESS": str(templateless), "BAD_TASKS": str(bad)}
+    parquet = parquet_dir(tmp_path / "pq")
+    swap = {"TEMPLATELESS": str(templateless), "BAD_TASKS": str(bad), "PARQUET": str(parquet)}
     code, _, err = create(capsys, owner, tmp_path / "g", *[swap.get(a, a) for a in extra])
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "g").exists()

@@ -12,6 +12,7 @@ from swarm.errors import MalformedError, SwarmError
 from swarm.identity import NodeKey
 from swarm.messages import (
     MESSAGE_TYPES,
+    Evaluation,
     Fields,
     FileRef,
     LedgerEvent,
@@ -61,6 +62,8 @@ genesis = st.builds(
     ),
     task_suite=text,
     task_data=st.one_of(st.none(), file_ref),
+    task_files=st.lists(file_ref, max_size=3, unique_by=lambda r: r.name).map(tuple),
+    task_spec=text,
     task_seed=st.integers(-(2**31), 2**31),
     trainers=st.lists(peer, min_size=1, max_size=3).map(tuple),
     validators=st.lists(peer, min_size=1, max_size=3).map(tuple),
@@ -149,11 +152,30 @@ event = st.builds(
     evidence=st.binary(max_size=32),
     created_at=u64,
 )
-any_message = st.one_of(genesis, advert, announcement, manifests(), submission, verdict, event)
+
+
+@st.composite
+def evaluations(draw: st.DrawFn) -> Evaluation:
+    ids = draw(st.lists(st.integers(0, 2**40), min_size=1, max_size=8, unique=True))
+    scores = draw(st.lists(st.integers(0, 10**6), min_size=len(ids), max_size=len(ids)))
+    return Evaluation(
+        run_id=draw(text),
+        version=draw(u64),
+        seed=draw(u64),
+        item_ids=tuple(ids),
+        scores=tuple(scores),
+        mean=round(sum(scores) / len(scores)),
+        created_at=draw(u64),
+    )
+
+
+any_message = st.one_of(
+    genesis, advert, announcement, manifests(), submission, verdict, event, evaluations()
+)
 
 
 def test_every_message_type_has_a_strategy() -> None:
-    assert len(MESSAGE_TYPES) == 7
+    assert len(MESSAGE_TYPES) == 8
 
 
 @given(message=any_message)
