@@ -272,9 +272,9 @@ def _source_for(genesis: RunGenesis, data_set: Path | None, cache: Path | None) 
         return default_suite(genesis.task_seed)
     if genesis.task_suite == GYM_TASK_SUITE:
         spec = gym.GymSpec.from_text(genesis.task_spec)
-        return _loaded(
-            ("gym", genesis.task_spec), lambda: gym.load(spec, cache or default_task_cache())
-        )
+        where = cache or default_task_cache()
+        # Keyed by the cache too: a node with its own home builds (and checks) its own items.
+        return _loaded(("gym", genesis.task_spec, where), lambda: gym.load(spec, where))
     if genesis.task_suite == HF_TASK_SUITE and genesis.task_files:
         if data_set is None:
             raise ConfigError(

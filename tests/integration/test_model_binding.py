@@ -1,8 +1,10 @@
 """A run binds its model and its data set: a fresh worker that has only the genesis and a
 bootstrap address fetches the card's files (run-files), the v0 weights (SHARDCAST) and the data
-set from its peers, checks every hash, generates with the model's chat template, and is verified
-and credited. A worker given a different local model is refused, the file named; a trainer whose
-v0 is not the card's weights never announces it, and a v0 that differs is refused everywhere."""
+set (a parquet folder of two files, loaded with ``datasets``) from its peers, checks every hash,
+generates with the model's chat template, and is verified and credited. A reasoning-gym run's
+fresh worker builds the same items (digest equal) and is credited. A worker given a different
+local model is refused, the file named; a trainer whose v0 is not the card's weights never
+announces it, and a v0 that differs is refused everywhere."""
 
 from __future__ import annotations
 
@@ -21,10 +23,13 @@ from node.compute.torch_engine import TorchEngine
 from node.home import NodeHome
 from node.model.card import ModelMismatchError, card_for_dir, check_dir
 from node.policy_feed import PolicyFeed
+from node.rl.rollout import score_item
 from node.roles.launch import RoleHandle, launch
-from node.run import create_genesis
+from node.run import TaskBinding, bind_tasks, create_genesis
 from node.run_assets import AssetDirs
 from node.runtime import Node, RuntimeConfig
+from node.tasks import gym
+from node.tasks.dataset import TaskDataset
 from swarm.errors import ValidationError
 from swarm.messages import PolicyAnnouncement, RunGenesis, RunParams, Signed, sign
 from swarm.net.records import wall_clock_ms
@@ -49,7 +54,22 @@ def data_set(path: Path) -> Path:
     return path
 
 
-def genesis_for(model: Path, tasks: Path) -> Signed[RunGenesis]:
+def parquet_set(folder: Path) -> Path:
+    """Ten sums in two parquet files, columns named as a Hugging Face data set might."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    folder.mkdir(parents=True)
+    rows = [{"q": f"{a}+{a}=", "a": str(2 * a)} for a in range(10)]
+    for part in (0, 1):
+        chunk = datasets.Dataset.from_list(rows[part * 5 : part * 5 + 5])
+        chunk.to_parquet(str(folder / f"train-{part:05d}-of-00002.parquet"))
+    return folder
+
+
+def genesis_for(
+    model: Path, tasks: Path | None = None, binding: TaskBinding | None = None
+) -> Signed[RunGenesis]:
     return create_genesis(
         key_named("owner"),
         name="bound",
@@ -58,6 +78,7 @@ def genesis_for(model: Path, tasks: Path) -> Signed[RunGenesis]:
         params=PARAMS,
         model=card_for_dir(model, name="test-qwen2"),
         task_data=tasks,
+        tasks=binding,
         created_at=1,
     )
 
@@ -104,12 +125,73 @@ class Swarm:
 
 
 @pytest.mark.slow
+async def test_a_fresh_worker_builds_the_reasoning_gym_items_and_is_credited(
+    tmp_path: Path, models: tuple[Path, Path]
+) -> None:
+    model, _ = models
+    binding = bind_tasks(
+        "reasoning-gym:leg_counting,basic_arithmetic", seed=2, size=60, cache=tmp_path / "owner"
+    )
+    genesis = genesis_for(model, binding=binding)
+    digest = gym.GymSpec.from_text(genesis.message.task_spec).digest
+    card = genesis.message.model
+    async with AsyncExitStack() as stack:
+        swarm = Swarm(stack, genesis, tmp_path)
+        await swarm.bootstrap()
+        await swarm.start("trainer", "trainer", model_dir=model)
+        validator = await swarm.start(
+            "validator",
+            "validator",
+            lambda: TorchEngine.from_dir(model, chat_template=card.chat_template),
+            model_dir=model,
+        )
+        # The worker's home has no items: it builds them itself and checks the digest.
+        home = NodeHome(tmp_path / "fresh-home")
+        node = await stack.enter_async_context(
+            Node.start(swarm.config("fresh-worker", "inference", home))
+        )
+        worker = await stack.enter_async_context(
+            launch(
+                node,
+                home.run_dir(node.run_id),
+                engine_factory=lambda: TorchEngine.from_dir(model, chat_template=True),
+                model_dir=model,
+                ledger_sync_every_s=1.0,
+            )
+        )
+        assert gym.items_path(AssetDirs.under(home.path).data, digest).is_file()
+        assert worker.worker is not None
+        suite = worker.worker.suite
+        assert isinstance(suite, TaskDataset) and suite.sha256 == digest
+        wid = node.peer_id
+        await wait_until(lambda: worker.worker and worker.worker.stats.accepted >= 1, 180, 0.2)
+        await wait_until(
+            lambda: validator.ledger.balances().of(wid) > PARAMS.initial_balance, 60, 0.2
+        )
+        # The validator scores with the data set's own scorer: the reference answer 1, a wrong
+        # one 0 (the test model's tokenizer round-trips these digits).
+        task = suite.task(next(i for i in suite.ids() if suite.task(i).family == "leg_counting"))
+        engine = validator.validator.engine if validator.validator else None
+        assert engine is not None and engine.text is not None
+        right = engine.text.tokenizer.encode(
+            f"<answer>{task.answer}</answer>", add_special_tokens=False
+        )
+        wrong = engine.text.tokenizer.encode(
+            f"<answer>{int(task.answer) + 1}</answer>", add_special_tokens=False
+        )
+        assert engine.score([score_item(task, right), score_item(task, wrong)], 0.0) == [1.0, 0.0]
+
+
+@pytest.mark.slow
 async def test_a_fresh_worker_fetches_the_bound_model_and_is_credited(
     tmp_path: Path, models: tuple[Path, Path]
 ) -> None:
     model, other = models
-    tasks = data_set(tmp_path / "tasks.jsonl")
-    genesis = genesis_for(model, tasks)
+    tasks = parquet_set(tmp_path / "sums")
+    genesis = genesis_for(
+        model, binding=bind_tasks(str(tasks), columns={"prompt": "q", "answer": "a"})
+    )
+    assert len(genesis.message.task_files) == 2
     card = genesis.message.model
     assert card.chat_template  # the test model has a ChatML template, and the run applies it
 
@@ -149,7 +231,8 @@ async def test_a_fresh_worker_fetches_the_bound_model_and_is_credited(
             "dir": str(dirs.model(card)),
         }
         check_dir(card, dirs.model(card))  # every file, the weights included, as the card says
-        assert worker.assets.data_set == dirs.data_set(genesis.message.task_data)  # type: ignore[arg-type]
+        assert worker.assets.data_set == dirs.data_files(genesis.message.task_files)
+        assert worker.worker is not None and worker.worker.suite.task(3).prompt == "3+3="
         assert worker.feed.store.info(0).pinned  # v0 is kept, so later joiners can fetch it
 
         wid = node.peer_id

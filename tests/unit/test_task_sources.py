@@ -101,7 +101,7 @@ def test_built_items_that_differ_from_the_genesis_are_refused(
 ) -> None:
     spec = gym.GymSpec.from_text(gym_genesis.task_spec)
     other = gym.GymSpec(spec.version, spec.datasets, spec.seed + 1, spec.size, spec.digest)
-    with pytest.raises(ConfigError, match="built items with sha256 .* where the genesis binds"):
+    with pytest.raises(ConfigError, match=r"built items with sha256 .* where the genesis binds"):
         gym.load(other, tmp_path)
     assert not gym.items_path(tmp_path, spec.digest).exists()
 
@@ -165,7 +165,7 @@ def test_a_parquet_folder_is_bound_file_by_file_and_loaded(tmp_path: Path) -> No
     assert local_data_set(g, None, dirs) is None
     assert local_data_set(g, folder, dirs) == folder
     changed = parquet_dir(tmp_path / "changed", ROWS[:-1])
-    with pytest.raises(ConfigError, match="train-00000.parquet"):
+    with pytest.raises(ConfigError, match=r"train-00000\.parquet"):
         local_data_set(g, changed, dirs)
 
 
