@@ -90,8 +90,9 @@ class RunParams:
     patch_max_share: float = 0.5
     """A patch above this share of its version's full size is not worth it: the trainer
     publishes that version whole instead (a dense update)."""
-    eval_every: int = 5
+    eval_every: int = 10
     """Held-out evaluation cadence: versions 0, K, 2K, ... are evaluated (0 = no evaluation;
+    10 keeps it under 5% of a validator's time: bench/tasks.py, eval_share;
     ``swarm.messages.evaluation``)."""
     eval_size: int = 32
     """Items of the held-out split: the task source's last ``eval_size`` items, never served

@@ -81,7 +81,7 @@ def test_run_create_binds_reasoning_gym_with_its_version_and_digest(
     assert view["task_suite"] == "reasoning-gym" and spec["size"] == 50 and spec["seed"] == 5
     assert [d["name"] for d in spec["datasets"]] == ["leg_counting", "spell_backward"]
     assert spec["version"] == "0.1.25" and len(spec["digest"]) == 64
-    assert view["params"]["eval_size"] == 4 and view["params"]["eval_every"] == 5
+    assert view["params"]["eval_size"] == 4 and view["params"]["eval_every"] == 10
 
 
 @pytest.mark.parametrize(
