@@ -1,5 +1,5 @@
-"""Tasks and rewards: the default procedural suite, JSONL data sets, verifiers, length penalty,
-offline filter."""
+"""Tasks and rewards: the default procedural suite, JSONL data sets, local Hugging Face data
+sets (``hf``), reasoning-gym generators (``gym``), verifiers, length penalty, offline filter."""
 
 from node.tasks.dataset import TaskDataset, load_dataset
 from node.tasks.rewards import (
