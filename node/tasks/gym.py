@@ -62,9 +62,15 @@ class GymDataset:
     name: str
     weight: float = 1.0
     config: Mapping[str, Any] | None = None
+    target_len: int | None = None
+    """The INTELLECT-2 length penalty's target for this data set's completions (ours, not
+    reasoning-gym's: its items name no length); None: no penalty."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "weight": self.weight, "config": dict(self.config or {})}
+        out = {"name": self.name, "weight": self.weight, "config": dict(self.config or {})}
+        if self.target_len is not None:
+            out["target_len"] = self.target_len
+        return out
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,12 @@ class GymSpec:
         try:
             raw = json.loads(text)
             datasets = tuple(
-                GymDataset(str(d["name"]), float(d.get("weight", 1.0)), dict(d.get("config") or {}))
+                GymDataset(
+                    str(d["name"]),
+                    float(d.get("weight", 1.0)),
+                    dict(d.get("config") or {}),
+                    _target(d.get("target_len")),
+                )
                 for d in raw["datasets"]
             )
             return cls(
@@ -134,6 +145,16 @@ class GymSpec:
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"the genesis's reasoning-gym spec is malformed ({exc})") from exc
+
+
+def _target(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(
+            f"a reasoning-gym data set's target_len must be a positive integer, not {value!r}"
+        )
+    return value
 
 
 def canonical_json(value: Any) -> str:
@@ -162,8 +183,9 @@ def parse_config(path: Path | None, names: Sequence[str]) -> tuple[GymDataset, .
     """The data sets of ``--tasks reasoning-gym:NAMES`` with ``--task-config FILE``.
 
     The file is YAML or JSON in reasoning-gym's composite format (``datasets: [{name, weight,
-    config}]``); ``names`` (may be empty when the file lists them) picks and orders them, and a
-    name the file leaves out gets weight 1 and reasoning-gym's default config."""
+    config}]``, plus our optional ``target_len`` for the length penalty); ``names`` (may be
+    empty when the file lists them) picks and orders them, and a name the file leaves out gets
+    weight 1 and reasoning-gym's default config."""
     listed: dict[str, GymDataset] = {}
     if path is not None:
         listed = {d.name: d for d in _read_config(path)}
@@ -204,7 +226,7 @@ def _read_config(path: Path) -> list[GymDataset]:
             weight = float(d.get("weight", 1.0))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"--task-config {path}: datasets[{i}].weight is no number") from exc
-        out.append(GymDataset(d["name"], weight, config))
+        out.append(GymDataset(d["name"], weight, config, _target(d.get("target_len"))))
     return out
 
 
@@ -289,6 +311,7 @@ def load(spec: GymSpec, cache: Path) -> TaskDataset:
 
 def tasks_of(spec: GymSpec, data: bytes) -> TaskDataset:
     configs: dict[str, str] = {}
+    targets = {d.name: d.target_len for d in spec.datasets}
     tasks = []
     for i, line in enumerate(data.decode("utf-8").splitlines()):
         item = json.loads(line)
@@ -296,7 +319,8 @@ def tasks_of(spec: GymSpec, data: bytes) -> TaskDataset:
         if name not in configs:
             configs[name] = canonical_json(spec.scorer_config(name))
         entry = f'{{"config":{configs[name]},"dataset":{json.dumps(name)},"item":{line}}}'
-        tasks.append(Task(i, name, 0, item["question"], str(item["answer"]), None, SOURCE, entry))
+        answer = str(item["answer"])
+        tasks.append(Task(i, name, 0, item["question"], answer, targets.get(name), SOURCE, entry))
     if len(tasks) != spec.size:
         raise ConfigError(f"reasoning-gym built {len(tasks)} items where the spec says {spec.size}")
     return TaskDataset(tuple(tasks), spec.digest)

@@ -16,6 +16,7 @@ import pytest
 from node.run import bind_tasks, create_genesis, eval_ids, suite_for
 from node.run_assets import AssetDirs, local_data_set
 from node.tasks import gym
+from node.tasks.rewards import offline_filter, reward
 from swarm.errors import ConfigError
 from swarm.messages import RunGenesis, RunParams
 from tests.netfactory import key_named
@@ -129,6 +130,23 @@ def test_task_config_sets_weights_and_configs(tmp_path: Path) -> None:
     bad.write_text("datasets: 3\n")
     with pytest.raises(ConfigError, match="expected 'datasets:'"):
         bind_tasks("reasoning-gym", task_config=bad, size=4, cache=tmp_path)
+
+
+def test_offline_filter_and_length_penalty_work_on_reasoning_gym(tmp_path: Path) -> None:
+    config = tmp_path / "mix.json"
+    config.write_text(json.dumps({"datasets": [{"name": "leg_counting", "target_len": 6}]}))
+    g = genesis_of(bind_tasks("reasoning-gym", task_config=config, size=30, cache=tmp_path))
+    source = suite_for(g, cache=tmp_path)
+    task = source.task(0)
+    assert task.target_len == 6
+    assert reward(task, task.answer, 6, length_coeff=0.01) == 1.0
+    assert reward(task, task.answer, 10, length_coeff=0.01) == pytest.approx(0.96)
+    # The offline filter drops what the starting policy always or never solves.
+    rates = {i: (0.0 if i % 3 == 0 else 1.0 if i % 3 == 1 else 0.5) for i in source.ids()}
+    kept, dropped = offline_filter(source.ids(), rates.__getitem__)
+    assert kept == [i for i in source.ids() if i % 3 == 2]
+    narrowed = source.with_excluded(set(dropped))
+    assert narrowed.ids() == kept and narrowed.task(kept[0]).verifier == "reasoning-gym"
 
 
 # -- local Hugging Face data sets ------------------------------------------------------------
