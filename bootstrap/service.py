@@ -9,7 +9,8 @@ size limit, a valid signed envelope of the right kind, of the topic's run, not s
 
 With ``ledger_dir`` (what ``--http`` sets) it also keeps a replica of the ledger of every run
 whose genesis it holds: the verdicts and events its gate let through, stored as any member
-stores them (``LedgerStore``), so its dashboard can show contributors, balances and slashes.
+stores them (``LedgerStore``), so its dashboard can show contributors, balances and slashes,
+and the held-out evaluations beside it (``EvaluationStore``: the evaluation curve).
 
 It is also a circuit relay v2 hop with limits (``swarm.net.relay.RELAY_LIMITS``: reservations,
 circuits, bytes and seconds per circuit) for nodes behind a NAT, and answers dial-back
@@ -32,7 +33,9 @@ from swarm import process
 from swarm.errors import SwarmError
 from swarm.identity import NodeKey
 from swarm.ledger import LedgerStore
+from swarm.ledger.evaluations import EvaluationStore
 from swarm.messages import (
+    Evaluation,
     LedgerEvent,
     PolicyAnnouncement,
     RunGenesis,
@@ -85,7 +88,7 @@ class WellFormedGate:
         self.stats = stats
         self.limit = POLICY_MAX_BYTES if kind == "policy" else LEDGER_MAX_BYTES
         self.types: tuple[type, ...] = (
-            (PolicyAnnouncement,) if kind == "policy" else (Verdict, LedgerEvent)
+            (PolicyAnnouncement,) if kind == "policy" else (Verdict, LedgerEvent, Evaluation)
         )
         self._seen = SeenIds()
 
@@ -98,9 +101,9 @@ class WellFormedGate:
             except SwarmError as exc:
                 raise Refused("malformed", str(exc)) from exc
             message = signed.message
-            if not isinstance(message, (PolicyAnnouncement, Verdict, LedgerEvent)) or not (
-                isinstance(message, self.types)
-            ):
+            if not isinstance(
+                message, (PolicyAnnouncement, Verdict, LedgerEvent, Evaluation)
+            ) or not (isinstance(message, self.types)):
                 raise Refused("wrong-kind", signed.envelope.kind)
             if message.run_id != self.run_id:
                 raise Refused("wrong-run", message.run_id[:40])
@@ -126,6 +129,8 @@ class BootstrapPeer:
         self._known: dict[str, Signed[RunGenesis]] = {run_id_of(g): g for g in config.genesis}
         self._routed: set[str] = set()
         self.ledgers: dict[str, LedgerStore] = {}
+        self.evaluations: dict[str, EvaluationStore] = {}
+        """Per run with a ledger replica: the held-out evaluations gossiped beside it."""
 
     @classmethod
     @asynccontextmanager
@@ -152,6 +157,7 @@ class BootstrapPeer:
                     for run_id, genesis in peer._known.items():
                         store = LedgerStore(config.ledger_dir / run_id / "ledger.db", genesis)
                         peer.ledgers[run_id] = store
+                        peer.evaluations[run_id] = EvaluationStore.beside(store.path)
                         nursery.start_soon(peer._keep_ledger, store)
                 try:
                     yield peer
@@ -159,6 +165,8 @@ class BootstrapPeer:
                     nursery.cancel_scope.cancel()
                     for store in peer.ledgers.values():
                         store.close()
+                    for evaluations in peer.evaluations.values():
+                        evaluations.close()
 
     async def _keep_peers(self) -> None:
         """Redial the other bootstrap peers we are not connected to, every
@@ -191,14 +199,21 @@ class BootstrapPeer:
                 gate = lambda data, g=policy: g.accept(data) is not None  # noqa: E731
             else:
                 signers = (*genesis.message.validators, genesis.signer)
-                ledger = LedgerGate(run_id, signers, self.stats)
+                ledger = LedgerGate(
+                    run_id,
+                    signers,
+                    self.stats,
+                    validators=genesis.message.validators,
+                    eval_every=genesis.message.params.eval_every,
+                )
                 gate = lambda data, g=ledger: g.accept(data) is not None  # noqa: E731
             self.overlay.set_gate(topic, gate)
             await self.overlay.subscribe(topic)
         log.info("routing gossip of run %s%s", run_id, "" if genesis else " (well-formed only)")
 
     async def _keep_ledger(self, store: LedgerStore) -> None:
-        """Store every verdict and event of the run that the gate accepted (a replica)."""
+        """Store every verdict and event of the run that the gate accepted (a replica), and its
+        held-out evaluations beside it (``swarm.ledger.evaluations``)."""
         sub = await self.overlay.subscribe(ledger_topic(store.run_id))
         while True:
             msg = await sub.get()
@@ -208,6 +223,8 @@ class BootstrapPeer:
                     store.add([signed])
                 elif isinstance(signed.message, Verdict):
                     store.add_verdict(signed)
+                elif isinstance(signed.message, Evaluation):
+                    self.evaluations[store.run_id].add(signed)
             except SwarmError as exc:
                 log.warning("ledger replica of run %s refused a message: %s", store.run_id, exc)
 

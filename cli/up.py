@@ -157,6 +157,15 @@ def up(
         "reward v0 -> last",
         f"{rewards[0]:.3f} -> {rewards[-1]:.3f} ({gain:+.3f})" if rewards else "-",
     )
+    curve = summary.get("evaluation") or []
+    eval_gain = summary.get("eval_gain")
+    table.add_row(
+        "held-out evaluation",
+        f"v{curve[0]['version']} {curve[0]['mean']:.3f} -> v{curve[-1]['version']}"
+        f" {curve[-1]['mean']:.3f} ({eval_gain:+.3f})"
+        if len(curve) > 1 and eval_gain is not None
+        else (f"v{curve[0]['version']} {curve[0]['mean']:.3f}" if curve else "-"),
+    )
     table.add_row(
         "accepted / rejected", f"{summary.get('accepted', 0)} / {summary.get('rejected', 0)}"
     )

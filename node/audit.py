@@ -27,6 +27,12 @@ else from the trainer-signed announcements that validators keep in their evidenc
 first held per version). A replay whose version's manifest id is not known is an unchecked row
 naming the version, never agreement. A legacy run (``quota == 0``) needs none.
 
+The held-out evaluations stored beside the ledger (``evaluations.db``,
+``swarm.ledger.evaluations``) are checked too (``audit_evaluations``): each record's cadence,
+signer, seed and items, and one item per record, drawn from the record's id, regenerated alone
+on the version's weights (``node.rl.evaluation.replay_item``) and scored: a different score is
+a failed row naming the version and the item.
+
 A proof bundle (``export_bundle``) holds the genesis, the submission, the verdict and any related
 submissions (the other one of an equivocation) as signed envelopes in a msgpack map, so it
 replays without the ledger; the announcement of the submission's version, when the bundle holds
@@ -46,15 +52,18 @@ from node.bundle import BUNDLE_FORMAT, pack_bundle, policy_of, trainer_announcem
 from node.compute.torch_engine import TorchEngine
 from node.home import resolve_home
 from node.model.text import chat_template_wanted
+from node.rl.evaluation import replay_item
 from node.roles.judge import OTHER_SUBMISSION, JudgeContext, equivocation, judge
-from node.run import TaskSource, suite_for
+from node.run import TaskSource, eval_ids, suite_for
 from node.run_assets import AssetDirs, local_data_set, local_model
 from swarm.errors import ConfigError, MalformedError, StorageError, SwarmError
 from swarm.evidence import EvidenceStore, Summary
 from swarm.ledger import EQUIVOCATION, LedgerStore, fold
+from swarm.ledger.evaluations import EvaluationStore
 from swarm.ledger.recheck import recheck
 from swarm.messages import (
     REWARD_SCALE,
+    Evaluation,
     LedgerEvent,
     PolicyAnnouncement,
     RolloutSubmission,
@@ -62,6 +71,9 @@ from swarm.messages import (
     Signed,
     Verdict,
     decode,
+    eval_due,
+    eval_seed,
+    eval_validator,
     run_id_of,
 )
 
@@ -360,10 +372,63 @@ def audit_ledger(
     slashes = [e for e in counted if e.message.event == "slash"]
     for event in [*slashes, *sorted(chosen, key=lambda e: e.message.created_at)]:
         rows.append(_replay_from_store(lookup, genesis, event, engines))
+    rows += audit_evaluations(path, genesis, engines)
     store.close()
     if opened is not None:
         opened.close()
     return rows
+
+
+def audit_evaluations(
+    ledger: Path, genesis: Signed[RunGenesis], engines: _Engines
+) -> list[AuditRow]:
+    """One row per held-out evaluation stored beside ``ledger`` (``evaluations.db``; none when
+    absent): its signer and cadence, its items (the genesis's split) and seed, and one item,
+    drawn by the record's id, regenerated alone on the version's weights; ok when it scores
+    what the record says."""
+    if not ledger.with_name(EvaluationStore.FILE).exists():
+        return []
+    store = EvaluationStore.beside(ledger, read_only=True)
+    try:
+        records = store.records()
+    finally:
+        store.close()
+    return [_replay_evaluation(genesis, record, engines) for record in records]
+
+
+def _replay_evaluation(
+    genesis: Signed[RunGenesis], record: Signed[Evaluation], engines: _Engines
+) -> AuditRow:
+    e = record.message
+    subject = f"evaluation v{e.version}"
+    g = genesis.message
+    run_id = run_id_of(genesis)
+    if not eval_due(e.version, g.params.eval_every):
+        return AuditRow(subject, "evaluation", False, "version not due at the run's cadence")
+    due = eval_validator(run_id, e.version, g.validators)
+    if record.signer != due or e.run_id != run_id:
+        return AuditRow(subject, "evaluation", False, f"not signed by its due validator {due}")
+    if e.seed != eval_seed(run_id, e.version):
+        return AuditRow(subject, "evaluation", False, f"seed {e.seed} is not the version's seed")
+    try:
+        source = engines.suite()
+        if list(e.item_ids) != eval_ids(g, source):
+            return AuditRow(subject, "evaluation", False, "items are not the held-out split")
+        engine = engines.get(e.version)
+    except ConfigError as exc:
+        return AuditRow(subject, "evaluation replay", None, f"cannot replay: {exc}")
+    at = random.Random(record.id).randrange(len(e.item_ids))
+    item = e.item_ids[at]
+    try:
+        mine = replay_item(engine, source, item, g.params, e.seed)
+    except SwarmError as exc:
+        return AuditRow(subject, "evaluation replay", False, f"item {item}: cannot replay: {exc}")
+    theirs = e.scores[at]
+    detail = (
+        f"item {item}: signed {theirs / REWARD_SCALE:.3f}, replayed {mine / REWARD_SCALE:.3f};"
+        f" mean {e.mean_score:.3f} over {len(e.item_ids)} items"
+    )
+    return AuditRow(subject, "evaluation replay", mine == theirs, detail)
 
 
 def _replay_from_store(

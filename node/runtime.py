@@ -123,7 +123,11 @@ class Node:
         self.policy = PolicyTracker(self.run_id)
         self.policy_gate = PolicyGate(self.run_id, g.trainers, self.policy, self.stats)
         self.ledger_gate = LedgerGate(
-            self.run_id, (*g.validators, config.genesis.signer), self.stats
+            self.run_id,
+            (*g.validators, config.genesis.signer),
+            self.stats,
+            validators=g.validators,
+            eval_every=g.params.eval_every,
         )
         self.membership = Membership(
             overlay,
@@ -355,7 +359,7 @@ class Node:
         await self.overlay.publish(policy_topic(self.run_id), signed.raw)
 
     def subscribe_ledger(self, handler: LedgerHandler) -> None:
-        """Call ``handler(signed)`` for every accepted Verdict or LedgerEvent of the run."""
+        """Call ``handler(signed)`` for every accepted Verdict, LedgerEvent or Evaluation."""
         self._ledger_handlers.append(handler)
 
     async def publish_ledger(self, signed: Signed[Any]) -> None:

@@ -32,6 +32,7 @@ from node import admin
 from node.home import NodeConfig, NodeHome
 from node.run import create_genesis, write_genesis
 from swarm.errors import ConfigError, NetworkError, StorageError, SwarmError
+from swarm.ledger.evaluations import EvaluationStore, read_curve, summarize
 from swarm.messages import RunParams, run_id_of
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,9 @@ DEMO_PARAMS = RunParams(
     # bf16 0.696, fp32 0.702; held-out sampled at v300: 0.678 / 0.690; docs/BENCHMARKS.md,
     # "Serving dtype").
     serve_dtype="bfloat16",
+    # Held-out evaluation every 4 versions: 6 points over the demo's 20 (one batch of 32 items
+    # each, ~0.1 s on the embedded model), so the summary's eval_gain reads on a curve.
+    eval_every=4,
 )
 """The demo run's parameters (see docs/BENCHMARKS.md, in-process GRPO, for how they were set)."""
 
@@ -97,6 +101,18 @@ class UpConfig:
     """Trainer processes (named trainer, trainer-2, ...); more than one average through hivemind."""
     trainer_args: tuple[str, ...] = ()
     """Extra ``join`` arguments for the trainers (e.g. ``--nproc 2``)."""
+
+
+def _evaluation_facts(curve: list[dict[str, Any]]) -> dict[str, Any]:
+    """The held-out evaluation of the run: its curve (version, mean), and the gain of the last
+    evaluated version over the first (``eval_gain``; None with fewer than two points)."""
+    facts = summarize(curve)
+    return {
+        "evaluation": [{"version": p["version"], "mean": p["mean"]} for p in curve],
+        "eval_gain": facts["gain"],
+        "eval_first": facts["first_mean"],
+        "eval_last": facts["latest_mean"],
+    }
 
 
 def _gains(rewards: list[float], window: int = 5) -> dict[str, float | None]:
@@ -334,6 +350,10 @@ class LocalSwarm:
             evidence = ledger.with_name("evidence.db")  # what the audit replays (by id)
             if evidence.exists():
                 shutil.copy2(evidence, self.out / "evidence.db")
+            evaluations = ledger.with_name(EvaluationStore.FILE)  # the held-out curve
+            if evaluations.exists():
+                shutil.copy2(evaluations, self.out / EvaluationStore.FILE)
+            summary |= _evaluation_facts(read_curve(self.out / "ledger.db"))
             summary |= self._ledger_facts(self.out / "ledger.db")
             summary["policy_bytes"] = self._policy_bytes()
             policies = self.proc("trainer").home / "runs" / self.run_id / "policies"
@@ -392,7 +412,17 @@ class LocalSwarm:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(7, 4))
-        ax.plot(summary["versions"], rewards, marker="o", markersize=3)
+        ax.plot(summary["versions"], rewards, marker="o", markersize=3, label="reward (accepted)")
+        curve = summary.get("evaluation") or []
+        if curve:
+            ax.plot(
+                [p["version"] for p in curve],
+                [p["mean"] for p in curve],
+                marker="s",
+                color="#2b8a3e",
+                label="held-out evaluation",
+            )
+            ax.legend(loc="lower right")
         ax.set_xlabel("policy version")
         ax.set_ylabel("mean reward of accepted samples")
         ax.set_title(f"swarm-node up: {len(rewards)} versions in {summary['wall_s']:.0f} s")

@@ -12,6 +12,7 @@ fetched from peers) and served to peers; ``RoleHandle.assets`` says where they a
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -29,20 +30,26 @@ from node.model.text import chat_template_wanted
 from node.policy_feed import PolicyFeed
 from node.roles.cheats import Rogue
 from node.roles.claims import ClaimBook
+from node.roles.evaluation_sync import EvaluationSync
+from node.roles.evaluator import HOLD_TIMEOUT_S, Evaluator, keep_evaluations
 from node.roles.evidence import EvidenceService
 from node.roles.ledger_sync import LedgerReplica
 from node.roles.validator import Validator
 from node.roles.worker import InferenceWorker, Tamper
-from node.run import suite_for
+from node.run import TaskSource, eval_ids, suite_for
 from node.run_assets import AssetDirs, RunAssets, check_local, obtain
 from node.runtime import Node
+from swarm.errors import SwarmError
 from swarm.evidence import EvidenceStore
 from swarm.ledger import LedgerStore
+from swarm.ledger.evaluations import EvaluationStore
 from swarm.net import PolicyConflict
 from swarm.net.gossip import POLICY_CONFLICT
 
 if TYPE_CHECKING:  # the trainer's modules (numpy, its child's plumbing) only on a trainer
     from node.roles.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 EngineFactory = Callable[[], Engine]
 
@@ -85,10 +92,13 @@ class RoleHandle:
     ledger: LedgerStore
     replica: LedgerReplica
     evidence: EvidenceService
+    evaluations: EvaluationStore
+    eval_sync: EvaluationSync
     assets: RunAssets | None = None
     worker: InferenceWorker | None = None
     validator: Validator | None = None
     trainer: Trainer | None = None
+    evaluator: Evaluator | None = None
 
     def status(self) -> dict[str, Any]:
         card = self.node.config.genesis.message.model
@@ -101,7 +111,10 @@ class RoleHandle:
             },
             "shardcast": self.feed.status(),
             "ledger": self.replica.status(),
+            "evaluation": {**self.evaluations.summary(), **self.eval_sync.status()},
         }
+        if self.evaluator is not None:
+            out["evaluation"]["evaluator"] = vars(self.evaluator.stats)
         if self.worker is not None:
             out["worker"] = {"loaded_version": self.worker.loaded, **vars(self.worker.stats)}
         out["disk"] = disk_usage(self.ledger.path.parent)
@@ -192,7 +205,10 @@ async def launch(
     replica = LedgerReplica(node, ledger, every_s=ledger_sync_every_s)
     evidence = EvidenceService(node, EvidenceStore.beside(ledger.path))
     evidence.serve()  # every holder serves what it keeps
-    handle = RoleHandle(node, feed, ledger, replica, evidence)
+    evaluations = EvaluationStore.beside(ledger.path)
+    node.subscribe_ledger(keep_evaluations(evaluations))  # every node keeps the curve
+    eval_sync = EvaluationSync(node, evaluations, every_s=ledger_sync_every_s)
+    handle = RoleHandle(node, feed, ledger, replica, evidence, evaluations, eval_sync)
     claims: ClaimBook | None = None
     node.policy.on_conflict(lambda c: record_conflict(evidence.store, c))
     node.status_extras["role_status"] = handle.status
@@ -201,6 +217,7 @@ async def launch(
         async with trio.open_nursery() as nursery:
             await nursery.start(feed.run)
             nursery.start_soon(replica.run)
+            nursery.start_soon(eval_sync.run)  # what gossip did not bring, from peers
             handle.assets = assets = await obtain(node, feed, dirs, model=model_dir, tasks=tasks)
             # A reasoning-gym run builds its items (once: cached by digest beside the data sets).
             suite = await trio.to_thread.run_sync(
@@ -235,6 +252,8 @@ async def launch(
                     node, feed, engine, ledger, evidence, claims, rogue=rogue, suite=suite
                 )
                 nursery.start_soon(handle.validator.run)
+                handle.evaluator = _evaluator(node, feed, handle.validator, evaluations, suite)
+                nursery.start_soon(handle.evaluator.run)
             elif node.role == "inference":
                 engine = await trio.to_thread.run_sync(engine_factory)
                 handle.worker = InferenceWorker(
@@ -249,6 +268,45 @@ async def launch(
         if engine is not None:
             engine.close()
         ledger.close()
+        evaluations.close()
         evidence.store.close()
         if claims is not None:
             claims.close()
+
+
+def _evaluator(
+    node: Node,
+    feed: PolicyFeed,
+    validator: Validator,
+    store: EvaluationStore,
+    suite: TaskSource,
+) -> Evaluator:
+    """The validator's held-out evaluation, on its engine under its judge lock."""
+    g = node.config.genesis.message
+
+    async def hold(version: int) -> bool:
+        if feed.path_of(version) is not None:
+            return True
+        announcement = node.policy.accepted.get(version)
+        if announcement is None:
+            return False
+        with trio.move_on_after(HOLD_TIMEOUT_S):
+            try:
+                await feed.fetch(announcement)
+            except SwarmError as exc:
+                log.info("policy v%d for evaluation not fetched: %s", version, exc)
+        return feed.path_of(version) is not None
+
+    return Evaluator(
+        run_id=node.run_id,
+        key=node.key,
+        params=g.params,
+        validators=g.validators,
+        source=suite,
+        item_ids=eval_ids(g, suite),
+        store=store,
+        policy=node.policy,
+        on_version=validator.on_version,
+        hold=hold,
+        publish=node.publish_ledger,
+    )

@@ -22,9 +22,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 import trio
@@ -48,6 +48,7 @@ from swarm.net.names import SAMPLES, SUBMIT
 from swarm.net.protocols import SAMPLES_LIMITS, SUBMIT_LIMITS
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RETRY_FIRST_S = 1.0  # outbox retry after a failed hand-off, doubling up to RETRY_MAX_S
 RETRY_MAX_S = 8.0
@@ -413,18 +414,34 @@ class Validator:
         self, submission: Signed[RolloutSubmission], ctx: JudgeContext
     ) -> Judgement:
         version = submission.message.policy_version
+        if not await self._load(version):
+            return Judgement(False, "soft", [f"policy v{version} is not held here"])
+        return await trio.to_thread.run_sync(
+            lambda: judge(submission, ctx, self.engine, counter_seen=False, prechecked=True)
+        )
+
+    async def _load(self, version: int) -> bool:
+        """Put ``version`` on the engine (caller holds the judge lock); False when not held
+        here (the newest announced version is fetched)."""
         if version != self._loaded:
             path = self.feed.path_of(version)
             newest = self.node.policy.newest
             if path is None and newest is not None and newest.message.version == version:
                 path = await self.feed.fetch(newest)
             if path is None:
-                return Judgement(False, "soft", [f"policy v{version} is not held here"])
+                return False
             await trio.to_thread.run_sync(self.engine.load_weights, str(path))
             self._loaded = version
-        return await trio.to_thread.run_sync(
-            lambda: judge(submission, ctx, self.engine, counter_seen=False, prechecked=True)
-        )
+        return True
+
+    async def on_version(self, version: int, work: Callable[[Engine], T]) -> T | None:
+        """Run ``work(engine)`` in a thread with ``version`` loaded, under the judge lock, so
+        it never interleaves with judging (the held-out evaluation, ``node.roles.evaluator``);
+        None when the version's weights are not held here."""
+        async with self._lock:
+            if not await self._load(version):
+                return None
+            return await trio.to_thread.run_sync(work, self.engine)
 
     def _count(self, judgement: Judgement) -> None:
         self.stats.judged += 1

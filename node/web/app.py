@@ -49,8 +49,8 @@ CSP = (
     " connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 EVAL_ABSENT = (
-    "the trainer publishes no evaluation curve in this version of swarm-node; the reward"
-    " curve is the mean verifier reward of accepted samples"
+    "no held-out evaluation is held here yet (the run's genesis sets eval_every; 0 = none);"
+    " the reward curve is the mean verifier reward of accepted samples"
 )
 
 
@@ -127,6 +127,7 @@ def create_app(view: RunView, *, tick_s: float = 1.0) -> Starlette:
             "policy_version": view.policy.newest(),
             "ledger_key": list(key),
             "holders": sum(len(h) for h in view.holders.holders.values()),
+            "evaluations": len(await in_thread(view.evaluations)),
         }
 
     pulse = Pulse(digest, tick_s)
@@ -172,8 +173,22 @@ def create_app(view: RunView, *, tick_s: float = 1.0) -> Starlette:
             "items": page,
             "next_cursor": str(page[-1]["version"]) if more and page else None,
             "smoothing": f"trailing mean over {SMOOTH_WINDOW} versions",
-            "eval": {"available": False, "items": [], "reason": EVAL_ABSENT},
+            "eval": await eval_curve(),
         }
+
+    async def eval_curve() -> dict[str, Any]:
+        curve = await in_thread(view.evaluations)
+        p = view.params
+        return {
+            "available": bool(curve),
+            "items": curve,
+            "eval_every": p.eval_every,
+            "eval_size": p.eval_size,
+            "reason": None if curve else EVAL_ABSENT,
+        }
+
+    async def evaluations(request: Request) -> dict[str, Any]:
+        return await eval_curve()
 
     async def contributors(request: Request) -> dict[str, Any]:
         sort = request.query_params.get("sort", "balance")
@@ -303,6 +318,7 @@ def create_app(view: RunView, *, tick_s: float = 1.0) -> Starlette:
         Route("/api/v1/status", api(status)),
         Route("/api/v1/versions", api(versions)),
         Route("/api/v1/rewards", api(rewards)),
+        Route("/api/v1/evaluations", api(evaluations)),
         Route("/api/v1/contributors", api(contributors)),
         Route("/api/v1/slashes", api(slashes)),
         Route("/api/v1/disputes", api(disputes)),

@@ -39,6 +39,7 @@ from node.bundle import pack_bundle, policy_of
 from node.web.queries import LedgerQueries
 from swarm.errors import SwarmError
 from swarm.evidence import address_of
+from swarm.ledger.evaluations import read_curve
 from swarm.messages import (
     Message,
     PolicyAnnouncement,
@@ -183,6 +184,8 @@ class RunView:
     announced: Mapping[int, Signed[PolicyAnnouncement]] = field(default_factory=dict)
     """The announcement the node's policy tracker accepted per version (``accepted``), for
     bundles."""
+    evaluations: Callable[[], list[dict[str, Any]]] = list
+    """The held-out evaluation curve the node keeps (``swarm.ledger.evaluations.read_curve``)."""
 
     @property
     def params(self) -> Any:
@@ -356,6 +359,7 @@ def node_view(node: Any, ledger_path: Path | None, feed: Any = None) -> RunView:
         host=node.overlay.host,
         peer_id=node.peer_id,
         announced=node.policy.accepted,
+        evaluations=(lambda: read_curve(ledger_path)) if ledger_path is not None else list,
     )
 
 
@@ -400,4 +404,5 @@ def bootstrap_view(boot: Any, genesis: Signed[RunGenesis], home: Path | None) ->
         host=boot.overlay.host,
         peer_id=boot.peer_id,
         announced=tracker.accepted,
+        evaluations=(lambda: read_curve(store.path)) if store is not None else list,
     )

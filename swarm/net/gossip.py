@@ -34,7 +34,17 @@ from swarm.errors import (
     UnknownKindError,
     WireError,
 )
-from swarm.messages import LedgerEvent, PolicyAnnouncement, Signed, Verdict, decode, decode_any
+from swarm.messages import (
+    Evaluation,
+    LedgerEvent,
+    PolicyAnnouncement,
+    Signed,
+    Verdict,
+    decode,
+    decode_any,
+    eval_due,
+    eval_validator,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +52,9 @@ ENVELOPE_OVERHEAD = 256
 """Bytes an envelope adds around a payload (array, kind, 32-byte key, 64-byte signature)."""
 
 POLICY_MAX_BYTES = PolicyAnnouncement.MAX_BYTES + ENVELOPE_OVERHEAD
-LEDGER_MAX_BYTES = max(Verdict.MAX_BYTES, LedgerEvent.MAX_BYTES) + ENVELOPE_OVERHEAD
+LEDGER_MAX_BYTES = (
+    max(Verdict.MAX_BYTES, LedgerEvent.MAX_BYTES, Evaluation.MAX_BYTES) + ENVELOPE_OVERHEAD
+)
 
 REASONS = (
     "oversize",
@@ -54,6 +66,7 @@ REASONS = (
     "duplicate",
     "stale",
     "conflict",
+    "not-due",
 )
 POLICY_CONFLICT = "policy-conflict"
 """Ledger evidence kind under which nodes keep both halves of a ``PolicyConflict``."""
@@ -278,13 +291,24 @@ class PolicyGate:
 
 class LedgerGate:
     """Validator of a run's ledger topic: verdicts and ledger events from genesis validators
-    (stake grants from the run owner), of this run, each once."""
+    (stake grants from the run owner), and held-out evaluations from the validator due to
+    evaluate their version (``eval_validator`` over ``validators``, versions ``eval_due`` at
+    ``eval_every``; anything else is refused as ``not-due``), of this run, each once."""
 
     def __init__(
-        self, run_id: str, signers: Collection[str], stats: GossipStats, capacity: int = 65536
+        self,
+        run_id: str,
+        signers: Collection[str],
+        stats: GossipStats,
+        capacity: int = 65536,
+        *,
+        validators: Collection[str] = (),
+        eval_every: int = 0,
     ) -> None:
         self.run_id = run_id
         self.signers = frozenset(signers)
+        self.validators = tuple(validators)
+        self.eval_every = eval_every
         self.stats = stats
         self._seen = SeenIds(capacity)
 
@@ -294,15 +318,25 @@ class LedgerGate:
             signed = decode_any(data)
         except SwarmError as exc:
             raise Refused(_classify(exc), str(exc)) from exc
-        if not isinstance(signed.message, (Verdict, LedgerEvent)):
+        if not isinstance(signed.message, (Verdict, LedgerEvent, Evaluation)):
             raise Refused("wrong-kind", f"{signed.envelope.kind} does not belong on the ledger")
         if signed.signer not in self.signers:
             raise Refused("not-authorized", f"{signed.signer} is not a genesis validator")
         if signed.message.run_id != self.run_id:
             raise Refused("wrong-run", f"message of run {signed.message.run_id[:40]!r}")
+        if isinstance(signed.message, Evaluation):
+            self._check_due(signed.message.version, signed.signer)
         if signed.id in self._seen:
             raise Refused("duplicate", "ledger message seen before")
         return signed
+
+    def _check_due(self, version: int, signer: str) -> None:
+        if not eval_due(version, self.eval_every):
+            every = f"every {self.eval_every}" if self.eval_every else "off"
+            raise Refused("not-due", f"version {version} is not evaluated (cadence {every})")
+        due = eval_validator(self.run_id, version, self.validators)
+        if signer != due:
+            raise Refused("not-due", f"version {version} is evaluated by {due}, not {signer}")
 
     def accept(self, data: bytes) -> Signed[Any] | None:
         try:

@@ -33,13 +33,26 @@ SAMPLES: Final = "samples"
 """Validator -> trainer: accepted work as the signed pair (submission, verdict)."""
 SYNC: Final = "ledger-sync"
 """Ledger replicas reconcile their event sets (every node)."""
+EVALUATIONS: Final = "evaluations"
+"""The held-out evaluations a node holds that the asker lacks (every node;
+``node.roles.evaluation_sync``)."""
 EVIDENCE: Final = "evidence"
 """A signed envelope by its id (sha256 of its bytes): the evidence behind verdicts, served by
 every holder (``node.roles.evidence``)."""
 RUN_FILES: Final = "run-files"
 """The small files a genesis binds by sha256 (the model card's files, a task data set), served
 by every holder (``node.run_files``)."""
-STREAM_NAMES: Final = (MANIFEST, SHARD, POLICY, SUBMIT, SAMPLES, SYNC, EVIDENCE, RUN_FILES)
+STREAM_NAMES: Final = (
+    MANIFEST,
+    SHARD,
+    POLICY,
+    SUBMIT,
+    SAMPLES,
+    SYNC,
+    EVALUATIONS,
+    EVIDENCE,
+    RUN_FILES,
+)
 """Every request/response protocol of a run (``docs/protocol.md`` describes each)."""
 _STREAM_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 

@@ -51,6 +51,9 @@ def test_up_trains_catches_the_cheater_and_audits(tmp_path: Path) -> None:
     assert set(summary["honest_workers"]) <= set(summary["credited"])
     assert not set(summary["honest_workers"]) & set(summary["slashed"])
     assert summary["reward_by_version"] and summary["accepted"] >= 1
+    # The held-out evaluation of v0 (due at any cadence), replayed by the audit.
+    assert summary["evaluation"][0]["version"] == 0 and "eval_gain" in summary
+    assert any(r["check"] == "evaluation replay" and r["ok"] for r in summary["audit"])
     assert (out / "reward_curve.png").stat().st_size > 0 and (out / "ledger.db").exists()
     assert "dashboard: http://127.0.0.1:" in done.stdout  # served by the bootstrap peer
     for name in ("bootstrap", "trainer", "validator", "worker-0", "cheater"):

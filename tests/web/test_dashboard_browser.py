@@ -119,6 +119,17 @@ def _row(driver: Any, table: str, peer: str) -> list[str] | None:
     return None
 
 
+def _eval_marks(driver: Any) -> list[str]:
+    """The versions of the evaluation points the chart draws."""
+    return [
+        str(v)
+        for v in driver.execute_script(
+            "return Array.from(document.querySelectorAll('#reward-chart rect.eval-dot'))"
+            ".map((r) => r.dataset.version);"
+        )
+    ]
+
+
 def _version(driver: Any) -> int | None:
     text = _text(driver, "#policy-version")
     return int(text[1:]) if text.startswith("v") and text[1:].isdigit() else None
@@ -202,6 +213,10 @@ async def test_a_browser_sees_the_swarm_train_and_the_cheater_banned(tmp_path: P
         first = await screen_until(driver, _version, 240)
         # The policy advances on screen without a reload.
         await screen_until(driver, lambda d: (_version(d) or -1) > first, 240)
+        # The validator's held-out evaluation of v0 (due at any cadence)
+        # is drawn next to the reward curve.
+        assert await screen_until(driver, _eval_marks, 120)
+        assert "held-out evaluation" in _text(driver, "#eval-note")
 
         def balance(peer: str) -> Callable[[Any], int | None]:
             def read(d: Any) -> int | None:

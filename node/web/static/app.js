@@ -109,15 +109,17 @@ function svg(tag, attrs) {
   return node;
 }
 
-function drawChart(items) {
+function drawChart(items, evals) {
   const box = document.getElementById("reward-chart");
   const pts = items.filter((r) => r.mean_reward !== null).sort((a, b) => a.version - b.version);
-  if (!pts.length) {
+  const evs = (evals || []).slice().sort((a, b) => a.version - b.version);
+  if (!pts.length && !evs.length) {
     box.replaceChildren(el("p", "no accepted samples yet", { class: "note" }));
     return;
   }
   const W = 600, H = 220, L = 40, R = 10, T = 10, B = 28;
-  const v0 = pts[0].version, v1 = Math.max(pts[pts.length - 1].version, v0 + 1);
+  const vs = [...pts, ...evs].map((p) => p.version);
+  const v0 = Math.min(...vs), v1 = Math.max(...vs, v0 + 1);
   const x = (v) => L + ((v - v0) / (v1 - v0)) * (W - L - R);
   const y = (r) => T + (1 - Math.max(0, Math.min(1, r))) * (H - T - B);
   const chart = svg("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none" });
@@ -145,6 +147,21 @@ function drawChart(items) {
     dot.append(tip);
     chart.append(dot);
   }
+  // The held-out evaluation: one signed point per evaluated version, drawn over the rewards.
+  const evalLine = svg("polyline", {
+    class: "eval", points: evs.map((e) => `${x(e.version)},${y(e.mean)}`).join(" "),
+  });
+  chart.append(evalLine);
+  for (const e of evs) {
+    const mark = svg("rect", {
+      x: x(e.version) - 3.5, y: y(e.mean) - 3.5, width: 7, height: 7, class: "eval-dot",
+      "data-version": e.version,
+    });
+    const tip = svg("title");
+    tip.textContent = `evaluation v${e.version}: ${e.mean.toFixed(3)} (${e.items} held-out items)`;
+    mark.append(tip);
+    chart.append(mark);
+  }
   box.replaceChildren(chart);
 }
 
@@ -154,9 +171,14 @@ async function loadRewards() {
   document.getElementById("rewards-note").textContent =
     "blue: mean reward of accepted samples per version; orange: " + page.smoothing +
     (last && last.mean_reward !== null ? ` · latest v${last.version}: ${last.mean_reward.toFixed(3)}` : "");
+  const evs = page.eval.items;
+  const lastEval = evs.length ? evs[evs.length - 1] : null;
   document.getElementById("eval-note").textContent = page.eval.available
-    ? "evaluation curve shown" : "evaluation curve: absent (" + page.eval.reason + ")";
-  drawChart(page.items);
+    ? `green squares: held-out evaluation (${lastEval.items} items, every ${page.eval.eval_every}` +
+      ` versions) · latest v${lastEval.version}: ${lastEval.mean.toFixed(3)}` +
+      (evs.length > 1 ? ` · gain ${(lastEval.mean - evs[0].mean).toFixed(3)} since v${evs[0].version}` : "")
+    : "evaluation curve: absent (" + page.eval.reason + ")";
+  drawChart(page.items, evs);
 }
 
 async function loadContributors() {
