@@ -51,8 +51,9 @@ DEMO_PARAMS = RunParams(
     # bf16 0.696, fp32 0.702; held-out sampled at v300: 0.678 / 0.690; docs/BENCHMARKS.md,
     # "Serving dtype").
     serve_dtype="bfloat16",
-    # Held-out evaluation every 4 versions: 6 points over the demo's 20 (one batch of 32 items
-    # each, ~0.1 s on the embedded model), so the summary's eval_gain reads on a curve.
+    # Held-out evaluation every 4 versions (the run default is 10): 51 points over the demo's
+    # 200 versions, 6 over the 20 of a short `up` (one batch of 32 items each, ~0.1 s on the
+    # embedded model), so the summary's eval_gain reads on a curve.
     eval_every=4,
 )
 """The demo run's parameters (see docs/BENCHMARKS.md, in-process GRPO, for how they were set)."""
