@@ -32,6 +32,7 @@ from swarm.ledger import LedgerStore
 from swarm.messages import (
     KINDS,
     LIMITS,
+    Evaluation,
     LedgerEvent,
     PolicyAnnouncement,
     RoleAdvert,
@@ -72,6 +73,7 @@ def message_seeds() -> dict[str, Any]:
         "rollout-submission": submission,
         "verdict": Verdict(RUN, bytes(32), KEY.peer_id, True, "none", (), (1, 0), 5, {"m": 1}),
         "ledger-event": LedgerEvent(RUN, "credit", KEY.peer_id, 10, bytes(32), 5),
+        "evaluation": Evaluation(RUN, 0, 9, (97, 98), (1_000_000, 0), 500_000, 5),
     }
 
 
