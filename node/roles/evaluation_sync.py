@@ -86,13 +86,18 @@ class EvaluationSync:
                 self.refused += 1
                 continue
             try:
+                signed = decode(raw, Evaluation)  # the gate passes verdicts too: not here
                 self.node.ledger_gate.check(raw)
             except Refused as exc:
                 if exc.reason != "duplicate":  # seen on gossip: the gate passed it then
                     self.refused += 1
                     log.warning("evaluation from %s refused: %s", peer[-8:], exc)
                     continue
-            if self.store.add(decode(raw, Evaluation)) == "stored":
+            except SwarmError as exc:
+                self.refused += 1
+                log.warning("peer %s sent something else than an evaluation: %s", peer[-8:], exc)
+                continue
+            if self.store.add(signed) == "stored":
                 added += 1
         self.pulled += added
         return added

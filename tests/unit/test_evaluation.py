@@ -180,3 +180,31 @@ async def test_an_evaluator_evaluates_its_own_due_versions_once_across_restarts(
             assert evaluated == []  # held in the store: never again
     assert [r.message.version for r in store.records()] == mine
     store.close()
+
+
+async def test_a_pull_keeps_only_gate_checked_evaluations(tmp_path: Path) -> None:
+    import msgpack
+
+    from node.roles.evaluation_sync import EvaluationSync
+    from swarm.messages import Verdict
+
+    verdict = sign(Verdict(RUN, bytes(32), KEYS[0].peer_id, True, "none", (), (), 1), KEYS[0])
+    answer = [
+        record(0, key_due(0)).raw,  # kept
+        record(5, key_not_due(5)).raw,  # signed by a validator not due: refused
+        record(3, key_due(3)).raw,  # not at the cadence: refused
+        verdict.raw,  # passes the ledger gate, but is no evaluation: refused
+        b"not an envelope",
+    ]
+
+    async def request(peer: str, name: str, body: bytes, limits: Any) -> bytes:
+        assert msgpack.unpackb(body) == []  # we hold nothing yet
+        return bytes(msgpack.packb(answer, use_bin_type=True))
+
+    node = SimpleNamespace(request=request, ledger_gate=gate())
+    store = EvaluationStore(tmp_path / "evaluations.db")
+    sync = EvaluationSync(node, store)  # type: ignore[arg-type]
+    assert await sync.pull("peer") == 1
+    assert [r.message.version for r in store.records()] == [0]
+    assert sync.refused == 4
+    store.close()
