@@ -464,6 +464,15 @@ def _quota_rows(table: Table, ledger: Path) -> None:
         table.add_row(f"requests v{use.version}", f"{use.worker[-12:]} {use.describe()}")
 
 
+def _evaluation_line(e: dict[str, Any]) -> str:
+    """The held-out curve in one line: first and latest point, gain, records held."""
+    line = f"v{e['latest_version']} {e['latest_mean']:.3f}"
+    if e.get("gain") is not None:
+        line = f"v{e['first_version']} {e['first_mean']:.3f} -> {line} ({e['gain']:+.3f})"
+    extra = f", {e['conflicts']} conflicting" if e.get("conflicts") else ""
+    return f"{line}; {e['count']} signed evaluations held{extra}"
+
+
 def _role_rows(table: Table, role_status: dict[str, Any]) -> None:
     """The role's own figures: ledger standing, work done, downloads."""
     model = role_status.get("model")
@@ -503,6 +512,9 @@ def _role_rows(table: Table, role_status: dict[str, Any]) -> None:
                 first = value[0] if value else None
                 value = f"{len(value)}" + (f" (first: {first})"[:120] if first else "")
             table.add_row(f"{section} {key}", str(value))
+    evaluation = role_status.get("evaluation") or {}
+    if evaluation.get("count"):
+        table.add_row("held-out evaluation", _evaluation_line(evaluation))
     disk = role_status.get("disk") or {}
     if disk:
         table.add_row("disk used", f"{disk.get('total', 0) / 2**20:.1f} MiB under the run folder")

@@ -208,3 +208,22 @@ async def test_a_pull_keeps_only_gate_checked_evaluations(tmp_path: Path) -> Non
     assert [r.message.version for r in store.records()] == [0]
     assert sync.refused == 4
     store.close()
+
+
+def test_status_shows_the_held_out_curve_in_one_line(tmp_path: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from cli.net import _role_rows
+
+    store = EvaluationStore(tmp_path / "evaluations.db")
+    store.add(record(0, key_due(0), (0, 1_000_000)))
+    store.add(record(5, key_due(5), (1_000_000, 1_000_000)))
+    table = Table(show_header=False)
+    _role_rows(table, {"evaluation": store.summary()})
+    store.close()
+    console = Console(width=200, record=True)
+    console.print(table)
+    text = console.export_text()
+    assert "held-out evaluation" in text and "v0 0.500 -> v5 1.000 (+0.500)" in text
+    assert "2 signed evaluations held" in text
