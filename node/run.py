@@ -258,12 +258,8 @@ def _overlap(source: TaskSource, n: int) -> tuple[int, int] | None:
     key += (getattr(source, "sha256", "") or id(source),) if isinstance(source, TaskDataset) else ()
     if key not in _OVERLAPS:
         held = {source.task(i).prompt: i for i in range(source.size - n, source.size)}
-        found = None
-        for i in range(source.size - n):
-            if source.task(i).prompt in held:
-                found = (i, held[source.task(i).prompt])
-                break
-        _OVERLAPS[key] = found
+        prompts = ((i, source.task(i).prompt) for i in range(source.size - n))
+        _OVERLAPS[key] = next(((i, held[p]) for i, p in prompts if p in held), None)
     return _OVERLAPS[key]
 
 

@@ -132,14 +132,14 @@ class Evaluator:
         started = time.perf_counter()
         seed = eval_seed(self.run_id, version)
         ids = self.item_ids
+
+        def work(engine: Engine) -> list[int]:
+            return evaluate(engine, self.source, ids, self.params, seed)
+
         try:
-            scores = await self.on_version(
-                version, lambda engine: evaluate(engine, self.source, ids, self.params, seed)
-            )
+            scores = await self.on_version(version, work)
             if scores is None and await self.hold(version):
-                scores = await self.on_version(
-                    version, lambda engine: evaluate(engine, self.source, ids, self.params, seed)
-                )
+                scores = await self.on_version(version, work)
         except SwarmError as exc:
             self._missed(version, f"evaluation failed: {exc}")
             return None

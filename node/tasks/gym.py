@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from node.model.card import sha256_file
 from node.tasks.dataset import TaskDataset
 from node.tasks.suite import Task
 from swarm.errors import ConfigError
@@ -254,7 +255,7 @@ def build(spec: GymSpec, dest: Path, *, check: bool = False) -> str:
             lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
             why = lines[-1] if lines else f"exit status {done.returncode}"
             raise ConfigError(why.removeprefix("error: "))
-        digest = _sha256(part)
+        digest = sha256_file(part).hex()
         part.replace(dest)
         return digest
     except subprocess.TimeoutExpired as exc:
@@ -267,14 +268,6 @@ def build(spec: GymSpec, dest: Path, *, check: bool = False) -> str:
 
 def _names(spec: GymSpec) -> str:
     return ", ".join(d.name for d in spec.datasets)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def bind(spec: GymSpec, cache: Path) -> GymSpec:
@@ -295,7 +288,8 @@ def load(spec: GymSpec, cache: Path) -> TaskDataset:
     """The source's tasks: the cached items when their digest is the genesis's, else built
     afresh and checked. ``ConfigError`` when the built items differ from the genesis."""
     path = items_path(cache, spec.digest)
-    if not (path.is_file() and _sha256(path) == spec.digest):
+    data = path.read_bytes() if path.is_file() else b""  # read once: hashed, then parsed
+    if hashlib.sha256(data).hexdigest() != spec.digest:
         fresh = path.with_name(f"built-{os.getpid()}.jsonl")
         digest = build(spec, fresh)
         if digest != spec.digest:
@@ -306,7 +300,8 @@ def load(spec: GymSpec, cache: Path) -> TaskDataset:
                 " install generates other items (another platform or patched package?)"
             )
         fresh.replace(path)
-    return tasks_of(spec, path.read_bytes())
+        data = path.read_bytes()
+    return tasks_of(spec, data)
 
 
 def tasks_of(spec: GymSpec, data: bytes) -> TaskDataset:

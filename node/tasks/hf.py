@@ -121,9 +121,14 @@ def _datasets() -> Any:
     return datasets
 
 
+def _where(files: Sequence[Path], layout: str) -> Path:
+    """What errors name: the folder, or the one file given."""
+    return files[0].parent if layout == "saved" or len(files) > 1 else files[0]
+
+
 def _rows(files: Sequence[Path], layout: str) -> Any:
     datasets = _datasets()
-    where = files[0].parent if layout == "saved" or len(files) > 1 else files[0]
+    where = _where(files, layout)
     try:
         if layout == "saved":
             table = datasets.load_from_disk(str(files[0].parent), keep_in_memory=True)
@@ -150,7 +155,7 @@ def load(files: Sequence[Path], spec: HfSpec) -> TaskDataset:
     """The tasks of the bound files (sorted as bound); ``ConfigError`` for a missing column or
     a bad row, naming it."""
     table = _rows(files, spec.layout)
-    where = files[0].parent if spec.layout == "saved" or len(files) > 1 else files[0]
+    where = _where(files, spec.layout)
     columns = list(table.column_names)
     named = {"--prompt-column": spec.prompt, "--answer-column": spec.answer}
     if spec.verifier_column:
