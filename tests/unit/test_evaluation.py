@@ -119,10 +119,16 @@ class Policy:
 
     def __init__(self, newest: int | None) -> None:
         self.version = newest
+        self._changed = trio.Event()
+
+    def announce(self, version: int) -> None:
+        self.version = version
+        self._changed.set()
+        self._changed = trio.Event()
 
     async def wait_for(self, version: int) -> Any:
         while self.version is None or version > self.version:
-            await trio.sleep(0.001)
+            await self._changed.wait()
         return SimpleNamespace(message=SimpleNamespace(version=self.version))
 
 
@@ -166,9 +172,8 @@ async def test_an_evaluator_evaluates_its_own_due_versions_once_across_restarts(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ev.run)
             await trio.testing.wait_all_tasks_blocked()
-            policy.version = 30  # versions 0..30 announced at once
-            await trio.sleep(0.05)
-            await trio.testing.wait_all_tasks_blocked()
+            policy.announce(30)  # versions 0..30 announced at once
+            await trio.testing.wait_all_tasks_blocked()  # all evaluated, waiting for v31
             nursery.cancel_scope.cancel()
         evaluated = [x for x in log if isinstance(x, int)]
         if restart == 0:
