@@ -68,10 +68,18 @@ class TrainerChild(FramedChild):
         if self.hivemind_addrs:
             remove_stale_sockets()
 
-    def step(self, groups: list[Group], version: int) -> dict[str, Any]:
+    def step(
+        self, groups: list[Group], version: int, seed: int = 0, cheat: str | None = None
+    ) -> dict[str, Any]:
         """One step; ``{"failed": why}`` when the averaging round failed (nothing changed)."""
         out: dict[str, Any] = self._call(
-            "step", {"groups": [g.to_wire() for g in groups], "version": version}
+            "step",
+            {
+                "groups": [g.to_wire() for g in groups],
+                "version": version,
+                "seed": seed,
+                "cheat": cheat,
+            },
         )
         if "stats" in out:
             self.version = int(out["stats"]["version"])
@@ -121,6 +129,23 @@ class TrainerChild(FramedChild):
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = self._call("status", {})
+        return out
+
+
+class ReplayChild(FramedChild):
+    """An auditor's child that replays training steps (``node.compute.train_state.replay``):
+    the node process of a validator or of ``swarm-node audit`` imports no torch."""
+
+    module = "node.compute.train_child"
+    what = "training replay child"
+
+    def __init__(self, log_path: Path | None = None) -> None:
+        self._lock_init()
+        self.log_path = log_path
+        self._spawn()
+
+    def replay(self, args: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = self._call("replay", args)
         return out
 
 
@@ -201,6 +226,10 @@ class _Training:
 
         if args.get("threads"):
             torch.set_num_threads(int(args["threads"]))
+        # Deterministic steps (node.compute.train_state): the thread count is fixed here and
+        # written in every training record, so a replay runs with the same one.
+        self.threads = torch.get_num_threads()
+        torch.use_deterministic_algorithms(True)
         self.group: Any = None
         self.serve_dtype = str(args.get("serve_dtype") or "float32")
         torch_dtype(self.serve_dtype)  # a ConfigError before anything is loaded
@@ -240,7 +269,13 @@ class _Training:
             self.grpo.load_checkpoint(self.checkpoint)
         if self.group is not None:
             self.group.version = self.grpo.version
+        self.states = Path(args["states"]) if args.get("states") and nproc == 1 else None
+        """Where each version's training state is kept for audits (None: not committed; a
+        sharded trainer's state lives on its ranks)."""
+        self.state_keep = int(args.get("state_keep") or 8)
+        self.state_digest = b""
         self._write(self.grpo.version, again=False)
+        self._keep_state(again=False)
 
     def _write(self, version: int, *, again: bool = True) -> str:
         """The version's safetensors, in the run's ``serve_dtype`` (cast here, at save time)."""
@@ -257,16 +292,48 @@ class _Training:
         return str(path)
 
     def _settle(self) -> str:
-        """After a change of version: the checkpoint, and the version's weights file."""
+        """After a change of version: the checkpoint, the version's weights file and its
+        training state."""
         if self.group is not None:
             self.group.version = self.grpo.version
         self.grpo.save_checkpoint(self.checkpoint)
-        return self._write(self.grpo.version)
+        path = self._write(self.grpo.version)
+        self._keep_state()
+        return path
+
+    def _keep_state(self, *, again: bool = True) -> None:
+        """Write the current version's training state (``states/s<N>.safetensors``), keep its
+        commitment in ``state_digest``, and drop states past the retention window."""
+        if self.states is None:
+            return
+        from node.compute.train_state import digest, read_state, state_of, write_state
+
+        version = self.grpo.version
+        path = self.states / f"s{version}.safetensors"
+        if again or not path.exists():
+            state = state_of(self.grpo.model, self.grpo.optimizer, self.tied)
+            write_state(path, state, version)
+        else:
+            state = read_state(path)
+        self.state_digest = digest(state)
+        held = sorted(int(f.stem[1:]) for f in self.states.glob("s*.safetensors"))
+        for old in held[: -self.state_keep]:
+            (self.states / f"s{old}.safetensors").unlink(missing_ok=True)
+
+    def served_digest(self) -> bytes:
+        """The commitment to the current version's served tensors (tied copies once)."""
+        from node.compute.grpo import served_weights
+        from node.compute.train_state import digest
+
+        weights = {k: v for k, v in self.grpo.weights().items() if k not in self.tied}
+        return digest(served_weights(weights, self.serve_dtype))
 
     def serve(self, op: str, args: dict[str, Any]) -> Any:
         if op == "step":
             groups = tokenize_prompts([Group.from_wire(g) for g in args["groups"]], self.text)
-            return self.step(groups, int(args["version"]))
+            return self.step(
+                groups, int(args["version"]), int(args.get("seed") or 0), args.get("cheat")
+            )
         if op == "load":
             import torch
 
@@ -319,7 +386,9 @@ class _Training:
             return self.group.lost(int(args["version"]))
         raise EngineError(f"unknown trainer request {op!r}")
 
-    def step(self, groups: list[Group], version: int) -> dict[str, Any]:
+    def step(
+        self, groups: list[Group], version: int, seed: int = 0, cheat: str | None = None
+    ) -> dict[str, Any]:
         if version != self.grpo.version:
             raise EngineError(f"step from v{version} asked of a child at v{self.grpo.version}")
         round_info: dict[str, Any] | None = None
@@ -333,17 +402,56 @@ class _Training:
                 round_info = asdict(result)
                 return int(result.group_samples)
 
+        from node.compute.train_state import deterministic
+
+        before = self.state_digest
+        deterministic(self.threads, seed)
+        if cheat == "learning-rate":  # tests only: a rogue trainer steps with another rate
+            for group in self.grpo.optimizer.param_groups:
+                group["lr"] = self.grpo.config.learning_rate * 10
         try:
             stats = self.grpo.step(groups, average)
         except RoundFailed as exc:  # nothing changed here: the caller releases the samples
             return {"failed": str(exc)}
-        return {"stats": asdict(stats), "round": round_info, "weights": self._settle()}
+        finally:
+            if cheat == "learning-rate":
+                for group in self.grpo.optimizer.param_groups:
+                    group["lr"] = self.grpo.config.learning_rate
+        weights = self._settle()
+        served = self.served_digest() if self.states is not None else b""
+        if cheat == "perturb-weights":  # tests only: publish weights no step produced
+            _perturb(Path(weights))
+        return {
+            "stats": asdict(stats),
+            "round": round_info,
+            "weights": weights,
+            "state": {
+                "before": before,
+                "after": self.state_digest,
+                "weights": served,
+                "threads": self.threads,
+                "seed": seed,
+                "deterministic": True,
+            },
+        }
 
     def close(self) -> None:
         if self.group is not None:
             self.group.shutdown()
         if hasattr(self.grpo, "close"):  # the worker ranks of a sharded trainer
             self.grpo.close()
+
+
+def _perturb(path: Path) -> None:
+    """Tests only (a rogue trainer): add a small perturbation to one tensor of a published
+    version's file, rewritten in place (its serving dtype kept)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    name = sorted(k for k, v in tensors.items() if v.is_floating_point())[0]
+    t = tensors[name]
+    tensors[name] = (t.float() + 1e-2 * t.float().abs().mean()).to(t.dtype)
+    save_file(tensors, str(path))
 
 
 def _shapes_only(model_dir: Path) -> Any:
@@ -395,6 +503,10 @@ def main() -> None:
                     ).start()
                     addrs = training.group.addrs() if training.group is not None else []
                     result: Any = {"version": training.grpo.version, "hivemind_addrs": addrs}
+                elif op == "replay":  # an auditor's child: no training of its own
+                    from node.compute.train_state import replay
+
+                    result = replay(args)
                 elif training is None:
                     raise EngineError("trainer child got a request before init")
                 else:

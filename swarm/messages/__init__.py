@@ -21,6 +21,13 @@ from swarm.messages.run import (
     run_id_of,
 )
 from swarm.messages.shards import ShardFile, ShardManifest
+from swarm.messages.training import (
+    SampleReceipt,
+    TrainingDispute,
+    TrainingRecord,
+    train_auditor,
+    train_seed,
+)
 from swarm.wire import open_envelope
 
 MESSAGE_TYPES: Final[tuple[type[Any], ...]] = (
@@ -32,6 +39,9 @@ MESSAGE_TYPES: Final[tuple[type[Any], ...]] = (
     Verdict,
     LedgerEvent,
     Evaluation,
+    TrainingRecord,
+    SampleReceipt,
+    TrainingDispute,
 )
 KINDS: Final[dict[str, type[Any]]] = {cls.KIND: cls for cls in MESSAGE_TYPES}
 LIMITS: Final[dict[str, int]] = {cls.KIND: cls.MAX_BYTES for cls in MESSAGE_TYPES}
@@ -63,9 +73,12 @@ __all__ = [
     "RunGenesis",
     "RunParams",
     "Sample",
+    "SampleReceipt",
     "ShardFile",
     "ShardManifest",
     "Signed",
+    "TrainingDispute",
+    "TrainingRecord",
     "Verdict",
     "decode",
     "decode_any",
@@ -75,4 +88,6 @@ __all__ = [
     "parse_role",
     "run_id_of",
     "sign",
+    "train_auditor",
+    "train_seed",
 ]

@@ -97,6 +97,13 @@ class RunParams:
     eval_size: int = 32
     """Items of the held-out split: the task source's last ``eval_size`` items, never served
     for training (an evaluation scores each once)."""
+    train_audit_share: float = 0.04
+    """The share of versions whose step the due validator replays (``swarm.messages.training``;
+    0 = off). At 0.04 the audits cost under 5% of the trainer's compute: bench/train_audit.py,
+    ``audit_share``."""
+    train_state_keep: int = 8
+    """Versions whose training state the trainer keeps and serves for audits (the retention
+    window; an audit of an older version is refused with the window it holds)."""
 
     # Keys this version does not know are kept (and re-signed unchanged) but not interpreted.
     extra: Mapping[str, int | str | bool] = field(default_factory=dict)
@@ -122,6 +129,16 @@ class RunParams:
             raise ConfigError(
                 f"run parameter serve_dtype must be one of {', '.join(SERVE_DTYPES)},"
                 f" not {self.serve_dtype[:32]!r}"
+            )
+        if self.train_audit_share > 1:
+            raise ConfigError(
+                "run parameter train_audit_share is a share in [0, 1],"
+                f" not {self.train_audit_share}"
+            )
+        if self.train_state_keep < 2:
+            raise ConfigError(
+                "run parameter train_state_keep must be at least 2 (an audit needs the state"
+                " before the step and, across hardware, the state after)"
             )
         if self.snapshot_every < 1:
             raise ConfigError("run parameter snapshot_every must be at least 1 (1: no patches)")
@@ -170,10 +187,11 @@ LEGACY_PARAMS: Mapping[str, int | str] = {
     "serve_dtype": "float32",
     "snapshot_every": 1,
     "eval_every": 0,
+    "train_audit_share": "0.0",
 }
 """What a genesis signed before issue 24 meant by leaving these keys out: the numpy sampler, one
 tolerance of 0.25 at every precision, no near-tie bound, unbounded counters; and before issue 25:
-float32 versions, each published whole; and before issue 26: no held-out evaluation."""
+float32 versions, each published whole; and before issue 26: no held-out evaluation; and before issue 27: no training audits."""
 
 
 def _parse_param(key: str, annotation: Any, value: Any, *, strings: bool) -> Any:
