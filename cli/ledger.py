@@ -15,6 +15,7 @@ from node.run import load_genesis
 from swarm.errors import ConfigError
 from swarm.evidence import EvidenceStore
 from swarm.ledger import LedgerStore
+from swarm.ledger.training import read_disputes
 from swarm.ledger.views import QuotaUse, read_quota_use
 from swarm.messages import PolicyAnnouncement, decode, run_id_of
 from swarm.net import parse_peer_addr
@@ -70,6 +71,7 @@ def ledger_show(
     events = store.page(peer=peer, before=cursor, limit=limit)
     disputes = store.disputes(limit)
     conflicts = _policy_conflicts(store.path)
+    training_disputes = read_disputes(store.path)
     params = store.genesis.message.params
     tally = read_quota_use(path, params.quota, params.async_level + 1)
     uses = tally.of(peer) if peer is not None else tally.rows()[:limit]
@@ -107,6 +109,7 @@ def ledger_show(
                     ],
                     "next_before": events[-1].id.hex() if len(events) == limit else None,
                     "policy_conflicts": conflicts,
+                    "training_disputes": training_disputes,
                     "quota_use": {
                         "quota": params.quota,
                         "versions": tally.versions(),
@@ -132,6 +135,17 @@ def ledger_show(
                 d.message.peer[-12:], d.signer[-12:], d.message.related[0].hex()[:16]
             )
         console.print(disputes_table)
+    if training_disputes:
+        trainer_table = Table(
+            title=f"{len(training_disputes)} training dispute(s): check with audit --training"
+        )
+        for col in ("version", "reason", "trainer", "by", "detail"):
+            trainer_table.add_column(col)
+        for t in training_disputes:
+            trainer_table.add_row(
+                str(t["version"]), t["reason"], t["trainer"][-12:], t["by"][-12:], t["detail"]
+            )
+        console.print(trainer_table)
     events_table = Table(title=f"newest {len(events)} of {len(store)} events")
     for col in ("id", "event", "peer", "amount", "evidence", "signer", "counted"):
         events_table.add_column(col)
@@ -235,6 +249,22 @@ def audit(
         Path | None,
         typer.Option("--tasks", help="A copy of the run's data set (default: the home's cache)."),
     ] = None,
+    training: Annotated[
+        bool,
+        typer.Option(
+            "--training",
+            help="With --run and --bootstrap: audit the trainer (its signed records, replaying"
+            " each chosen step) instead of the ledger.",
+        ),
+    ] = False,
+    versions: Annotated[
+        str | None,
+        typer.Option("--versions", help="--training: the versions to audit (1,3,5-8)."),
+    ] = None,
+    sample: Annotated[
+        int | None,
+        typer.Option("--sample", min=1, help="--training: audit N versions drawn at random."),
+    ] = None,
     home: HomeOption = None,
 ) -> None:
     """Re-verify every signature and balance of a ledger and replay the evidence of every slash
@@ -256,6 +286,20 @@ def audit(
     )
     from node.audit_weights import checked_source, store_manifests
 
+    if training:
+        if run is None or not bootstrap_peers:
+            raise ConfigError("audit --training needs --run GENESIS and --bootstrap ADDR")
+        _audit_training(
+            run,
+            bootstrap_peers,
+            workdir,
+            AuditAssets(model=model, tasks=tasks, home=home),
+            versions,
+            sample,
+            discover,
+            as_json,
+        )
+        return
     if not target:
         if run is None or not bootstrap_peers:
             raise ConfigError(
@@ -335,6 +379,68 @@ def _audit_swarm(
     finally:
         evidence.close()
     return gathered.ledger, rows
+
+
+def _audit_training(
+    run: Path,
+    bootstrap: list[str],
+    workdir: Path | None,
+    assets: Any,
+    versions: str | None,
+    sample: int | None,
+    discover: float,
+    as_json: bool,
+) -> None:
+    """``audit --training``: records, receipts and a replay of each chosen step."""
+    import tempfile
+
+    import trio
+
+    from node.audit_training import audit_training, parse_versions
+
+    genesis = load_genesis(run)
+    for addr in bootstrap:
+        parse_peer_addr(addr)
+    wanted = parse_versions(versions) if versions else None
+    folder = workdir or Path(tempfile.mkdtemp(prefix="swarm-train-audit-"))
+    console.print(f"auditing the trainer of run {run_id_of(genesis)}...")
+    report = trio.run(
+        lambda: audit_training(
+            genesis,
+            bootstrap,
+            folder,
+            assets,
+            versions=wanted,
+            sample=sample,
+            discover_s=discover,
+        )
+    )
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        table = Table(title=f"training audit of run {run_id_of(genesis)}")
+        for col in ("version", "result", "detail"):
+            table.add_column(col)
+        for row in report.rows:
+            colour = {"agreed": "green", "disputed": "red"}.get(row.outcome, "yellow")
+            detail = row.detail or "; ".join(f"{f.reason}: {f.detail}" for f in row.findings)
+            table.add_row(str(row.version), f"[{colour}]{row.outcome}[/]", detail)
+        console.print(table)
+        if report.coverage:
+            cov = Table(title="coverage (receipted samples per worker)")
+            for col in ("worker", "handed", "trained", "left out"):
+                cov.add_column(col)
+            for worker, c in sorted(report.coverage.items()):
+                cov.add_row(worker[-12:], str(c["handed"]), str(c["trained"]), str(c["left_out"]))
+            console.print(cov)
+        for d in report.disputes:
+            console.print(
+                f"[red]training dispute[/] v{d['version']} {d['reason']}: {d['detail']}"
+                f" (by {d['by'][-8:]})"
+            )
+        console.print("[green]audit agrees[/]" if report.ok else "[red]the trainer is disputed[/]")
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 def _print_rows(path: Path, rows: list[Any], as_json: bool) -> None:

@@ -515,6 +515,18 @@ def _role_rows(table: Table, role_status: dict[str, Any]) -> None:
     evaluation = role_status.get("evaluation") or {}
     if evaluation.get("count"):
         table.add_row("held-out evaluation", _evaluation_line(evaluation))
+    training = role_status.get("training") or {}
+    if training.get("records"):
+        disputes = training.get("disputes") or []
+        line = f"{training['records']} records (latest v{training.get('latest_record')})"
+        if "audited" in training:
+            line += f", {training.get('agreed', 0)} of {training['audited']} audits agreed"
+        line += f", {len(disputes)} training dispute(s)" if disputes else ", no disputes"
+        table.add_row("trainer audit", line)
+        for d in disputes[-3:]:
+            table.add_row(
+                f"training dispute v{d['version']}", f"{d['reason']}: {d['detail']}"[:120]
+            )
     disk = role_status.get("disk") or {}
     if disk:
         table.add_row("disk used", f"{disk.get('total', 0) / 2**20:.1f} MiB under the run folder")

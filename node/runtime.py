@@ -128,6 +128,7 @@ class Node:
             self.stats,
             validators=g.validators,
             eval_every=g.params.eval_every,
+            trainers=g.trainers,
         )
         self.membership = Membership(
             overlay,

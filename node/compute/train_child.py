@@ -359,8 +359,17 @@ class _Training:
             self.grpo.relabel(int(args["version"]))
             return self._settle()
         if op == "rollback":
+            before = self.state_digest
             taken = self.grpo.rollback(int(args["version"]))
-            return {"taken": taken, "version": self.grpo.version, "weights": self._settle()}
+            weights = self._settle()
+            served = self.served_digest() if self.states is not None else b""
+            state = {"before": before, "after": self.state_digest, "weights": served}
+            return {
+                "taken": taken,
+                "version": self.grpo.version,
+                "weights": weights,
+                "state": state,
+            }
         if op == "status":
             return None if self.group is None else asdict(self.group.stats)
         if self.group is None:

@@ -25,6 +25,7 @@ Decisions this module owns:
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 from collections.abc import Mapping
 from pathlib import Path
@@ -156,7 +157,7 @@ def update_error(
         den += float((a32 - before[name].float()).pow(2).sum())
     if num == 0.0:
         return 0.0
-    return (num**0.5) / max(den**0.5, 1e-30)
+    return float(math.sqrt(num) / max(math.sqrt(den), 1e-30))
 
 
 def replay(args: Mapping[str, Any]) -> dict[str, Any]:

@@ -87,3 +87,44 @@ def rogue_by_name(name: str) -> Rogue:
         return ROGUES[name]
     except KeyError:
         raise ConfigError(f"unknown validator cheat {name!r}; one of {', '.join(ROGUES)}") from None
+
+
+TRAINER_CHEATS = ("unaccepted-sample", "drop-worker", "learning-rate", "perturb-weights")
+"""A rogue trainer's edits of its own steps (tests only); the training audit must catch each
+with a ``training-dispute`` (tests/integration/test_training_audit.py):
+
+- ``unaccepted-sample``: train one more group, cited by a verdict id no validator signed;
+- ``drop-worker``: leave the first worker seen out of the step (its receipted work waits while
+  later work trains);
+- ``learning-rate``: step with ten times the genesis's learning rate;
+- ``perturb-weights``: publish weights a little off the step's result."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerCheat:
+    """Which cheat a rogue trainer applies at which step (keyed by the version stepped from;
+    ``always``: at every step)."""
+
+    plan: dict[int, str] = dataclasses.field(default_factory=dict)
+    always: str | None = None
+
+    def at(self, step: int) -> str | None:
+        return self.plan.get(step, self.always)
+
+
+def trainer_cheat_by_spec(spec: str) -> TrainerCheat:
+    """``NAME`` (every step) or ``NAME@STEP[,NAME@STEP...]`` (the step's parent version)."""
+    plan: dict[int, str] = {}
+    always = None
+    for part in spec.split(","):
+        name, _, at = part.strip().partition("@")
+        if name not in TRAINER_CHEATS:
+            raise ConfigError(f"unknown trainer cheat {name!r}; one of {', '.join(TRAINER_CHEATS)}")
+        if not at:
+            always = name
+            continue
+        try:
+            plan[int(at)] = name
+        except ValueError:
+            raise ConfigError(f"trainer cheat {part!r}: the step after @ is a number") from None
+    return TrainerCheat(plan, always)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,21 +28,24 @@ from node.model import DEFAULT_MODEL_DIR
 from node.model.loading import check_model_dir
 from node.model.text import chat_template_wanted
 from node.policy_feed import PolicyFeed
-from node.roles.cheats import Rogue
+from node.roles.cheats import Rogue, TrainerCheat
 from node.roles.claims import ClaimBook
-from node.roles.evaluation_sync import EvaluationSync
+from node.roles.evaluation_sync import EvaluationSync, TrainingSync
 from node.roles.evaluator import HOLD_TIMEOUT_S, Evaluator, keep_evaluations
 from node.roles.evidence import EvidenceService
 from node.roles.ledger_sync import LedgerReplica
+from node.roles.train_audit import TrainingAudits
 from node.roles.validator import Validator
 from node.roles.worker import InferenceWorker, Tamper
 from node.run import TaskSource, eval_ids, suite_for
 from node.run_assets import AssetDirs, RunAssets, check_local, obtain
 from node.runtime import Node
+from node.training_audit import StepAuditor
 from swarm.errors import SwarmError
 from swarm.evidence import EvidenceStore
 from swarm.ledger import LedgerStore
 from swarm.ledger.evaluations import EvaluationStore
+from swarm.ledger.training import TrainingStore
 from swarm.net import PolicyConflict
 from swarm.net.gossip import POLICY_CONFLICT
 
@@ -78,6 +81,11 @@ def child_engine(
     return make
 
 
+AUDIT_KEEP_EXTRA = 4
+"""Versions a validator keeps in its shard store beyond the async window while training audits
+are on: the versions a step's samples came from, still held when its audit runs."""
+
+
 def record_conflict(store: EvidenceStore, conflict: PolicyConflict) -> None:
     """Keep both signed announcements of a policy conflict, pinned, in the node's evidence
     store (``ledger show`` lists them; peers can fetch them by id)."""
@@ -99,6 +107,9 @@ class RoleHandle:
     validator: Validator | None = None
     trainer: Trainer | None = None
     evaluator: Evaluator | None = None
+    training: TrainingStore | None = None
+    train_sync: TrainingSync | None = None
+    train_audits: TrainingAudits | None = None
 
     def status(self) -> dict[str, Any]:
         card = self.node.config.genesis.message.model
@@ -115,6 +126,12 @@ class RoleHandle:
         }
         if self.evaluator is not None:
             out["evaluation"]["evaluator"] = vars(self.evaluator.stats)
+        if self.train_audits is not None:
+            out["training"] = self.train_audits.status()
+        elif self.training is not None:
+            out["training"] = self.training.summary()
+        if self.train_sync is not None and "training" in out:
+            out["training"]["sync"] = self.train_sync.status()
         if self.worker is not None:
             out["worker"] = {"loaded_version": self.worker.loaded, **vars(self.worker.stats)}
         out["disk"] = disk_usage(self.ledger.path.parent)
@@ -181,6 +198,7 @@ async def launch(
     asset_dirs: AssetDirs | None = None,
     tamper: Tamper | None = None,
     rogue: Rogue | None = None,
+    trainer_cheat: TrainerCheat | None = None,
     max_versions: int | None = None,
     compute: EngineChoice | None = None,
     data_channel: bool = True,
@@ -209,6 +227,9 @@ async def launch(
     node.subscribe_ledger(keep_evaluations(evaluations))  # every node keeps the curve
     eval_sync = EvaluationSync(node, evaluations, every_s=ledger_sync_every_s)
     handle = RoleHandle(node, feed, ledger, replica, evidence, evaluations, eval_sync)
+    handle.training = training = TrainingStore.beside(ledger.path)
+    node.subscribe_ledger(training.keep)  # every node keeps the records and disputes
+    handle.train_sync = TrainingSync(node, training, every_s=ledger_sync_every_s)
     claims: ClaimBook | None = None
     node.policy.on_conflict(lambda c: record_conflict(evidence.store, c))
     node.status_extras["role_status"] = handle.status
@@ -218,6 +239,7 @@ async def launch(
             await nursery.start(feed.run)
             nursery.start_soon(replica.run)
             nursery.start_soon(eval_sync.run)  # what gossip did not bring, from peers
+            nursery.start_soon(handle.train_sync.run)
             handle.assets = assets = await obtain(node, feed, dirs, model=model_dir, tasks=tasks)
             # A reasoning-gym run builds its items (once: cached by digest beside the data sets).
             suite = await trio.to_thread.run_sync(
@@ -243,6 +265,8 @@ async def launch(
                     suite=suite,
                     device=(compute or EngineChoice()).device,
                     nproc=(compute or EngineChoice()).nproc,
+                    training=training,
+                    cheat=trainer_cheat,
                 )
                 nursery.start_soon(handle.trainer.run)
             elif node.role == "validator":
@@ -252,6 +276,24 @@ async def launch(
                     node, feed, engine, ledger, evidence, claims, rogue=rogue, suite=suite
                 )
                 nursery.start_soon(handle.validator.run)
+                handle.validator.training = training
+                if node.config.genesis.message.params.train_audit_share > 0:
+                    # A training audit replays versions a little behind the newest.
+                    feed.store.keep = max(feed.store.keep, feed.store.keep + AUDIT_KEEP_EXTRA)
+                handle.train_audits = TrainingAudits(
+                    node,
+                    training,
+                    StepAuditor(
+                        node,
+                        evidence,
+                        suite,
+                        assets.model_dir,
+                        run_dir / "audit-states",
+                        held_weights(node, feed),
+                        chat_template=chat,
+                    ),
+                )
+                nursery.start_soon(handle.train_audits.run)
                 handle.evaluator = _evaluator(node, feed, handle.validator, evaluations, suite)
                 nursery.start_soon(handle.evaluator.run)
             elif node.role == "inference":
@@ -265,6 +307,9 @@ async def launch(
     finally:
         if handle.trainer is not None:
             handle.trainer.close()
+        if handle.train_audits is not None:
+            handle.train_audits.auditor.close()
+        training.close()
         if engine is not None:
             engine.close()
         ledger.close()
@@ -272,6 +317,27 @@ async def launch(
         evidence.store.close()
         if claims is not None:
             claims.close()
+
+
+def held_weights(node: Node, feed: PolicyFeed) -> Callable[[int], Awaitable[Path | None]]:
+    """``weights(version)``: the path of a version held here, else fetched by its accepted
+    announcement (at most ``HOLD_TIMEOUT_S``); None when neither works."""
+
+    async def weights(version: int) -> Path | None:
+        path = feed.path_of(version)
+        if path is not None:
+            return path
+        announcement = node.policy.accepted.get(version)
+        if announcement is None:
+            return None
+        with trio.move_on_after(HOLD_TIMEOUT_S):
+            try:
+                await feed.fetch(announcement)
+            except SwarmError as exc:
+                log.info("policy v%d not fetched: %s", version, exc)
+        return feed.path_of(version)
+
+    return weights
 
 
 def _evaluator(
@@ -283,19 +349,10 @@ def _evaluator(
 ) -> Evaluator:
     """The validator's held-out evaluation, on its engine under its judge lock."""
     g = node.config.genesis.message
+    weights = held_weights(node, feed)
 
     async def hold(version: int) -> bool:
-        if feed.path_of(version) is not None:
-            return True
-        announcement = node.policy.accepted.get(version)
-        if announcement is None:
-            return False
-        with trio.move_on_after(HOLD_TIMEOUT_S):
-            try:
-                await feed.fetch(announcement)
-            except SwarmError as exc:
-                log.info("policy v%d for evaluation not fetched: %s", version, exc)
-        return feed.path_of(version) is not None
+        return await weights(version) is not None
 
     return Evaluator(
         run_id=node.run_id,

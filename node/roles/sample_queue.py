@@ -30,7 +30,10 @@ CREATE TABLE IF NOT EXISTS accepted (
 );
 CREATE INDEX IF NOT EXISTS accepted_free ON accepted (step, version);
 CREATE TABLE IF NOT EXISTS settled (step INTEGER PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS last_seq (id INTEGER PRIMARY KEY CHECK (id = 0), seq INTEGER NOT NULL);
 """
+_COLUMNS = {"verdict_id": "BLOB NOT NULL DEFAULT x''", "worker": "TEXT NOT NULL DEFAULT ''"}
+"""Added for the training record (issue 27): queues from before open with empty values."""
 
 
 def _pack(groups: list[Group]) -> bytes:
@@ -51,38 +54,72 @@ class SampleQueue:
             self._db = sqlite3.connect(path, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(_SCHEMA)
+            have = {row[1] for row in self._db.execute("PRAGMA table_info(accepted)")}
+            for name, decl in _COLUMNS.items():
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE accepted ADD COLUMN {name} {decl}")
         except sqlite3.DatabaseError as exc:
             raise StorageError(f"sample queue {path} cannot be opened: {exc}") from exc
 
-    def put(self, submission_id: bytes, version: int, groups: list[Group]) -> bool:
+    def put(
+        self,
+        submission_id: bytes,
+        version: int,
+        groups: list[Group],
+        *,
+        verdict_id: bytes = b"",
+        worker: str = "",
+    ) -> bool:
         """Queue one accepted submission's groups; False if it was queued before."""
+        # ``seq`` never repeats, even once ``prune`` deleted the newest rows: a receipt's place
+        # in the queue is evidence (node.training_audit.skipped).
         try:
+            self._db.execute("BEGIN IMMEDIATE")
             cur = self._db.execute(
-                "INSERT OR IGNORE INTO accepted VALUES"
-                " (?, (SELECT coalesce(max(seq), 0) + 1 FROM accepted), ?, ?, NULL)",
-                (submission_id, version, _pack(groups)),
+                "INSERT OR IGNORE INTO accepted"
+                " (submission_id, seq, version, groups, step, verdict_id, worker) VALUES"
+                " (?, (SELECT max(coalesce((SELECT max(seq) FROM accepted), 0),"
+                " coalesce((SELECT seq FROM last_seq), 0)) + 1), ?, ?, NULL, ?, ?)",
+                (submission_id, version, _pack(groups), verdict_id, worker),
             )
+            if cur.rowcount == 1:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO last_seq VALUES"
+                    " (0, (SELECT seq FROM accepted WHERE submission_id = ?))",
+                    (submission_id,),
+                )
+            self._db.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
+            self._db.execute("ROLLBACK")
             raise StorageError(f"sample queue {self.path}: write failed: {exc}") from exc
         return cur.rowcount == 1
 
-    def pending(self, min_version: int = 0) -> int:
+    def pending(self, min_version: int = 0, *, skip_worker: str = "") -> int:
         """Groups' submissions waiting, made by ``min_version`` or newer."""
         row = self._db.execute(
-            "SELECT count(*) FROM accepted WHERE step IS NULL AND version >= ?", (min_version,)
+            "SELECT count(*) FROM accepted WHERE step IS NULL AND version >= ? AND worker != ?",
+            (min_version, skip_worker or "\x00"),
         ).fetchone()
         return int(row[0])
 
+    def seq_of(self, submission_id: bytes) -> int | None:
+        """The queue place of a submission (what its receipt says), None if not queued."""
+        row = self._db.execute(
+            "SELECT seq FROM accepted WHERE submission_id = ?", (submission_id,)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
     def take(
-        self, step: int, max_submissions: int, min_version: int
+        self, step: int, max_submissions: int, min_version: int, *, skip_worker: str = ""
     ) -> list[tuple[bytes, list[Group]]]:
-        """Reserve up to ``max_submissions`` (oldest first, inside the window) for ``step``."""
+        """Reserve up to ``max_submissions`` (oldest first, inside the window) for ``step``.
+        (``skip_worker``: tests only, a rogue trainer that leaves one worker's work out.)"""
         self._db.execute("BEGIN IMMEDIATE")
         try:
             rows = self._db.execute(
                 "SELECT submission_id, groups FROM accepted WHERE step IS NULL AND version >= ?"
-                " ORDER BY seq LIMIT ?",
-                (min_version, max_submissions),
+                " AND worker != ? ORDER BY seq LIMIT ?",
+                (min_version, skip_worker or "\x00", max_submissions),
             ).fetchall()
             self._db.executemany(
                 "UPDATE accepted SET step = ? WHERE submission_id = ?",
@@ -141,6 +178,23 @@ class SampleQueue:
         """Give the reservations of ``step`` back (its round was void, failed or lost)."""
         cur = self._db.execute("UPDATE accepted SET step = NULL WHERE step = ?", (step,))
         return cur.rowcount
+
+    def first_worker(self) -> str:
+        """The worker of the oldest queued submission (tests: a rogue trainer's target)."""
+        row = self._db.execute(
+            "SELECT worker FROM accepted WHERE worker != '' ORDER BY seq LIMIT 1"
+        ).fetchone()
+        return "" if row is None else str(row[0])
+
+    def cited_by(self, step: int) -> list[tuple[bytes, int]]:
+        """The (verdict id, sample version) of each submission ``step`` reserved, in the order
+        it trains them (the training record's citations)."""
+        return [
+            (bytes(r[0]), int(r[1]))
+            for r in self._db.execute(
+                "SELECT verdict_id, version FROM accepted WHERE step = ? ORDER BY seq", (step,)
+            )
+        ]
 
     def used_by(self, step: int) -> list[bytes]:
         return [

@@ -26,34 +26,39 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import msgpack
 import trio
 
-from node.compute.groups import CollapseGuard, Group, StepStats
+from node.compute.groups import CollapseGuard, StepStats
 from node.compute.train_child import TrainerChild
 from node.model import DEFAULT_MODEL_DIR, model_info
 from node.model.card import check_dir
 from node.model.text import chat_template_wanted
 from node.policy_feed import PolicyFeed
+from node.roles.cheats import TrainerCheat
 from node.roles.sample_queue import SampleQueue
 from node.roles.trainer_group import GroupRounds
+from node.roles.trainer_records import STATE_LIMITS, TrainingLog, groups_of
 from node.roles.trainer_stats import TrainerStats
 from node.run import TaskSource, suite_for
 from node.runtime import Node
 from swarm.errors import MalformedError, NotAuthorizedError, ValidationError
+from swarm.ledger.training import TrainingStore
 from swarm.messages import (
-    REWARD_SCALE,
     PolicyAnnouncement,
     RolloutSubmission,
     Signed,
     Verdict,
     decode,
+    train_seed,
 )
-from swarm.net.names import SAMPLES
+from swarm.net.names import SAMPLES, TRAIN_STATE
 from swarm.net.protocols import SAMPLES_LIMITS
 
 log = logging.getLogger(__name__)
@@ -76,6 +81,8 @@ class Trainer:
         suite: TaskSource | None = None,
         device: str = "cpu",
         nproc: int = 1,
+        training: TrainingStore | None = None,
+        cheat: TrainerCheat | None = None,
     ) -> None:
         self.node = node
         self.nproc = nproc  # ranks of the training child (node.compute.fsdp)
@@ -103,6 +110,9 @@ class Trainer:
         """Oldest version whose samples this trainer can train (after a jump in versions)."""
         self._arrived = trio.Event()
         self.done = trio.Event()
+        self.log = TrainingLog(node, training, run_dir / "states")
+        self.cheat = cheat  # tests only: a rogue trainer (node.roles.cheats.TRAINER_CHEATS)
+        self._dropped = ""
 
     # -- samples in ---------------------------------------------------------------------------
 
@@ -130,27 +140,15 @@ class Trainer:
             # any more. Taken and dropped, not queued: a row older than the window would only
             # wait for the next ``retain`` to delete it.
             self.stats.too_old += 1
-            return b"too old"
-        gs = self.params.group_size
-        if len(v.rewards) != len(s.samples) or len(s.samples) != gs * len(s.prompt_ids):
-            raise ValidationError("rewards do not match the samples")
-        groups = []
-        for i, pid in enumerate(s.prompt_ids):
-            members = s.samples[i * gs : (i + 1) * gs]
-            rewards = [r / REWARD_SCALE for r in v.rewards[i * gs : (i + 1) * gs]]
-            groups.append(
-                Group(
-                    [],  # the child tokenizes the text (this process has no tokenizer)
-                    [list(x.tokens) for x in members],
-                    rewards,
-                    s.policy_version,
-                    text=self.suite.task(int(pid)).prompt,
-                )
-            )
-        if self.queue.put(submission.id, s.policy_version, groups):
+            return self.log.receipt(submission, verdict, trainer_version=self.version, seq=None).raw
+        groups = groups_of(submission, verdict, self.params.group_size, self.suite)
+        if self.queue.put(
+            submission.id, s.policy_version, groups, verdict_id=verdict.id, worker=submission.signer
+        ):
             self.stats.add_rewards(s.policy_version, [r for grp in groups for r in grp.rewards])
             self._arrived.set()
-        return b"ok"
+        seq = self.queue.seq_of(submission.id)
+        return self.log.receipt(submission, verdict, trainer_version=self.version, seq=seq).raw
 
     # -- the child ----------------------------------------------------------------------------
 
@@ -191,6 +189,8 @@ class Trainer:
                 "chat_template": self.chat_template,
                 "nproc": self.nproc,
                 "serve_dtype": c.serve_dtype,  # versions are written in it; masters stay fp32
+                "states": str(self.log.states),  # each version's training state, for audits
+                "state_keep": c.train_state_keep,
             },
             log_path=self.run_dir / "trainer-child.log",
         )
@@ -268,6 +268,7 @@ class Trainer:
     async def run(self) -> None:
         """Serve samples and train until ``max_versions`` versions exist (or cancelled)."""
         self.node.handle(SAMPLES, self._on_samples, SAMPLES_LIMITS)
+        self.node.handle(TRAIN_STATE, self.log.serve_state, STATE_LIMITS)
         self.child = await trio.to_thread.run_sync(self._start_child)
         try:
             self.version = self.child.version
@@ -285,8 +286,13 @@ class Trainer:
                     await self.group.step(min_version)
                     continue
                 idle_from = time.perf_counter()
-                while self.queue.pending(min_version) < self.params.submissions_per_step:
+                skip = self._skip_at(self.version)
+                while (
+                    self.queue.pending(min_version, skip_worker=skip)
+                    < self.params.submissions_per_step
+                ):
                     await self.arrived()
+                    skip = self._skip_at(self.version)
                 self.stats.idle_seconds += time.perf_counter() - idle_from
                 busy_from = time.perf_counter()
                 await self.step(min_version)
@@ -304,10 +310,25 @@ class Trainer:
         """A lone trainer's step: train, publish, watch for collapse."""
         child = self.child_or_fail()
         step = self.version
-        batch = self.queue.take(step, self.params.submissions_per_step, min_version)
-        out = await trio.to_thread.run_sync(child.step, [g for _, gs in batch for g in gs], step)
+        cheat = self.cheat.at(step) if self.cheat is not None else None
+        batch = self.queue.take(
+            step, self.params.submissions_per_step, min_version, skip_worker=self._skip_at(step)
+        )
+        groups = [g for _, gs in batch for g in gs]
+        cited = self.queue.cited_by(step)
+        if cheat == "unaccepted-sample" and groups:
+            # One more group, with rewards no validator gave, cited by a verdict nobody signed.
+            forged = groups[0]
+            groups.append(replace(forged, rewards=[1.0 - r for r in forged.rewards]))
+            cited.append((os.urandom(32), forged.version))
+        seed = train_seed(self.node.run_id, step + 1)
+        child_cheat = cheat if cheat in ("learning-rate", "perturb-weights") else None
+        out = await trio.to_thread.run_sync(child.step, groups, step, seed, child_cheat)
         stats = self.record(StepStats(**out["stats"]))
         self.version = child.version
+        await self.log.publish_record(
+            self.params, parent=step, min_version=min_version, cited=cited, state=out["state"]
+        )
         good = self.guard.observe(stats)
         if good is not None:
             rolled = await trio.to_thread.run_sync(child.rollback, good)
@@ -319,9 +340,27 @@ class Trainer:
             )
             self.stats.rollbacks += 1
             self.version = child.version
+            # A rollback is no step: its record says so, and an audit checks its weights only.
+            await self.log.publish_record(
+                self.params,
+                parent=self.version - 1,
+                min_version=min_version,
+                cited=[],
+                state={**out["state"], **rolled.get("state", {})},
+                rollback_to=rolled["taken"],
+            )
         self.retain()
         await self.publish(self.version)
         return stats
+
+    def _skip_at(self, step: int) -> str:
+        """Tests only (``drop-worker``): the worker a rogue trainer leaves out of ``step`` (the
+        first seen; it waits for others' work instead), or ""."""
+        if self.cheat is None or self.cheat.at(step) != "drop-worker":
+            return ""
+        if not self._dropped:
+            self._dropped = self.queue.first_worker()
+        return self._dropped
 
     def retain(self) -> None:
         """Drop queued work the async window left behind (the child checkpointed ``version``)."""

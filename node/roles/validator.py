@@ -43,7 +43,15 @@ from node.run import TaskSource, suite_for
 from node.runtime import Node
 from swarm.errors import EngineError, NetworkError, RequestTimeout, SwarmError, ValidationError
 from swarm.ledger import Balances, LedgerStore
-from swarm.messages import PolicyAnnouncement, RolloutSubmission, Signed, Verdict, decode
+from swarm.ledger.training import TrainingStore
+from swarm.messages import (
+    PolicyAnnouncement,
+    RolloutSubmission,
+    SampleReceipt,
+    Signed,
+    Verdict,
+    decode,
+)
 from swarm.net.names import SAMPLES, SUBMIT
 from swarm.net.protocols import SAMPLES_LIMITS, SUBMIT_LIMITS
 
@@ -122,6 +130,8 @@ class Validator:
         self.refusals: dict[tuple[bytes, str], int] = {}
         """Refused hand-offs (verdict id, trainer) -> refusals so far, in memory."""
         self.dead_letters: dict[tuple[bytes, str], str] = {}
+        self.training: TrainingStore | None = None
+        """Where the trainers' receipts of this validator's hand-offs are kept (set by launch)."""
         """Hand-offs given up on -> the trainer's last answer (retried after a restart)."""
 
     async def run(self) -> None:
@@ -493,7 +503,7 @@ class Validator:
                     continue
                 body = msgpack.packb(pair, use_bin_type=True)
                 try:
-                    await self.node.request(trainer, SAMPLES, body, SAMPLES_LIMITS)
+                    answer = await self.node.request(trainer, SAMPLES, body, SAMPLES_LIMITS)
                 except SwarmError as exc:
                     failed = True
                     unreachable = type(exc) is NetworkError or isinstance(exc, RequestTimeout)
@@ -518,6 +528,7 @@ class Validator:
                     elif not unreachable:
                         self._refused_handoff((verdict_id, row_trainer), exc)
                     continue
+                self._keep_receipt(answer, trainer, verdict_id)
                 self.ledger.mark_handed(verdict_id, row_trainer)
                 self.refusals.pop((verdict_id, row_trainer), None)
             if failed:
@@ -528,6 +539,25 @@ class Validator:
             if len(pending) < 64:
                 await self._handoff.wait()
                 self._handoff = trio.Event()
+
+    def _keep_receipt(self, answer: bytes, trainer: str, verdict_id: bytes) -> None:
+        """Keep the trainer's signed receipt of a hand-off (the training audit's coverage
+        check rests on it); a trainer from before receipts answers ``ok``."""
+        if self.training is None or answer in (b"ok", b"too old"):
+            return
+        try:
+            receipt = decode(answer, SampleReceipt)
+            r = receipt.message
+            if receipt.signer != trainer or r.run_id != self.node.run_id:
+                raise ValidationError(f"a receipt signed by {receipt.signer[-8:]} for {r.run_id}")
+            if r.verdict_id != verdict_id:
+                raise ValidationError("a receipt for another verdict")
+        except SwarmError as exc:
+            log.warning(
+                "trainer %s answered a hand-off with no valid receipt: %s", trainer[-8:], exc
+            )
+            return
+        self.training.add_receipt(receipt)
 
     def _refused_handoff(self, item: tuple[bytes, str], exc: SwarmError) -> None:
         """Count a trainer's refusal of one hand-off; past ``DEAD_AFTER_REFUSALS`` it is dead."""

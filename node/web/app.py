@@ -226,6 +226,10 @@ def create_app(view: RunView, *, tick_s: float = 1.0) -> Starlette:
             cursor=request.query_params.get("cursor"),
         )
 
+    async def training_disputes(request: Request) -> dict[str, Any]:
+        items = await in_thread(view.training_disputes)
+        return {"items": items}
+
     async def ledger_page(request: Request) -> dict[str, Any]:
         return await in_thread(  # type: ignore[no-any-return]
             ledger().ledger_page,
@@ -322,6 +326,7 @@ def create_app(view: RunView, *, tick_s: float = 1.0) -> Starlette:
         Route("/api/v1/contributors", api(contributors)),
         Route("/api/v1/slashes", api(slashes)),
         Route("/api/v1/disputes", api(disputes)),
+        Route("/api/v1/training-disputes", api(training_disputes)),
         Route("/api/v1/ledger", api(ledger_page)),
         Route("/api/v1/shardcast", api(shardcast)),
         Route("/api/v1/bundles/{verdict}", bundle),

@@ -40,6 +40,7 @@ from node.web.queries import LedgerQueries
 from swarm.errors import SwarmError
 from swarm.evidence import address_of
 from swarm.ledger.evaluations import read_curve
+from swarm.ledger.training import read_disputes
 from swarm.messages import (
     Message,
     PolicyAnnouncement,
@@ -186,6 +187,8 @@ class RunView:
     bundles."""
     evaluations: Callable[[], list[dict[str, Any]]] = list
     """The held-out evaluation curve the node keeps (``swarm.ledger.evaluations.read_curve``)."""
+    training_disputes: Callable[[], list[dict[str, Any]]] = list
+    """The training disputes the node keeps (``swarm.ledger.training.read_disputes``)."""
 
     @property
     def params(self) -> Any:
@@ -360,6 +363,9 @@ def node_view(node: Any, ledger_path: Path | None, feed: Any = None) -> RunView:
         peer_id=node.peer_id,
         announced=node.policy.accepted,
         evaluations=(lambda: read_curve(ledger_path)) if ledger_path is not None else list,
+        training_disputes=(
+            (lambda: read_disputes(ledger_path)) if ledger_path is not None else list
+        ),
     )
 
 
@@ -405,4 +411,5 @@ def bootstrap_view(boot: Any, genesis: Signed[RunGenesis], home: Path | None) ->
         peer_id=boot.peer_id,
         announced=tracker.accepted,
         evaluations=(lambda: read_curve(store.path)) if store is not None else list,
+        training_disputes=(lambda: read_disputes(store.path)) if store is not None else list,
     )

@@ -191,7 +191,8 @@ LEGACY_PARAMS: Mapping[str, int | str] = {
 }
 """What a genesis signed before issue 24 meant by leaving these keys out: the numpy sampler, one
 tolerance of 0.25 at every precision, no near-tie bound, unbounded counters; and before issue 25:
-float32 versions, each published whole; and before issue 26: no held-out evaluation; and before issue 27: no training audits."""
+float32 versions, each published whole; and before issue 26: no held-out evaluation; and before
+issue 27: no training audits."""
 
 
 def _parse_param(key: str, annotation: Any, value: Any, *, strings: bool) -> Any:

@@ -32,7 +32,8 @@ from typing import Any, ClassVar, Self
 from swarm.errors import MalformedError
 from swarm.messages._base import Fields, typed
 
-MAX_RECORD_SAMPLES = 4096
+MAX_RECORD_SAMPLES = 1024
+"""Verdicts one record may cite (one per submission the step trained on)."""
 MAX_MEMBERS = 64
 DISPUTE_REASONS = (
     "no-record",  # a version announced without a training record
@@ -115,7 +116,7 @@ class TrainingRecord:
     ``weights`` to the served tensors of ``version``."""
 
     KIND: ClassVar[str] = "training-record"
-    MAX_BYTES: ClassVar[int] = 512 * 1024
+    MAX_BYTES: ClassVar[int] = 64 * 1024
 
     run_id: str
     version: int

@@ -39,6 +39,8 @@ from swarm.messages import (
     LedgerEvent,
     PolicyAnnouncement,
     Signed,
+    TrainingDispute,
+    TrainingRecord,
     Verdict,
     decode,
     decode_any,
@@ -53,7 +55,8 @@ ENVELOPE_OVERHEAD = 256
 
 POLICY_MAX_BYTES = PolicyAnnouncement.MAX_BYTES + ENVELOPE_OVERHEAD
 LEDGER_MAX_BYTES = (
-    max(Verdict.MAX_BYTES, LedgerEvent.MAX_BYTES, Evaluation.MAX_BYTES) + ENVELOPE_OVERHEAD
+    max(Verdict.MAX_BYTES, LedgerEvent.MAX_BYTES, Evaluation.MAX_BYTES, TrainingRecord.MAX_BYTES)
+    + ENVELOPE_OVERHEAD
 )
 
 REASONS = (
@@ -293,7 +296,8 @@ class LedgerGate:
     """Validator of a run's ledger topic: verdicts and ledger events from genesis validators
     (stake grants from the run owner), and held-out evaluations from the validator due to
     evaluate their version (``eval_validator`` over ``validators``, versions ``eval_due`` at
-    ``eval_every``; anything else is refused as ``not-due``), of this run, each once."""
+    ``eval_every``; anything else is refused as ``not-due``), training records from genesis
+    ``trainers`` and training disputes from genesis validators, of this run, each once."""
 
     def __init__(
         self,
@@ -304,9 +308,11 @@ class LedgerGate:
         *,
         validators: Collection[str] = (),
         eval_every: int = 0,
+        trainers: Collection[str] = (),
     ) -> None:
         self.run_id = run_id
         self.signers = frozenset(signers)
+        self.trainers = frozenset(trainers)
         self.validators = tuple(validators)
         self.eval_every = eval_every
         self.stats = stats
@@ -318,10 +324,18 @@ class LedgerGate:
             signed = decode_any(data)
         except SwarmError as exc:
             raise Refused(_classify(exc), str(exc)) from exc
-        if not isinstance(signed.message, (Verdict, LedgerEvent, Evaluation)):
+        if not isinstance(
+            signed.message, (Verdict, LedgerEvent, Evaluation, TrainingRecord, TrainingDispute)
+        ):
             raise Refused("wrong-kind", f"{signed.envelope.kind} does not belong on the ledger")
-        if signed.signer not in self.signers:
-            raise Refused("not-authorized", f"{signed.signer} is not a genesis validator")
+        if isinstance(signed.message, TrainingRecord):
+            allowed, who = self.trainers, "trainer"
+        elif isinstance(signed.message, TrainingDispute):
+            allowed, who = frozenset(self.validators), "validator"
+        else:
+            allowed, who = self.signers, "validator"
+        if signed.signer not in allowed:
+            raise Refused("not-authorized", f"{signed.signer} is not a genesis {who}")
         if signed.message.run_id != self.run_id:
             raise Refused("wrong-run", f"message of run {signed.message.run_id[:40]!r}")
         if isinstance(signed.message, Evaluation):

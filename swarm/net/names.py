@@ -36,6 +36,15 @@ SYNC: Final = "ledger-sync"
 EVALUATIONS: Final = "evaluations"
 """The held-out evaluations a node holds that the asker lacks (every node;
 ``node.roles.evaluation_sync``)."""
+TRAINING: Final = "training"
+"""The training records a node holds that the asker lacks (every node, same wire as
+``EVALUATIONS``)."""
+TRAIN_RECEIPTS: Final = "train-receipts"
+"""The sample receipts and training disputes a validator holds (``swarm-node audit
+--training``'s coverage)."""
+TRAIN_STATE: Final = "train-state"
+"""Auditor -> trainer: a byte range of a version's training state file (``node.training_audit``).
+"""
 EVIDENCE: Final = "evidence"
 """A signed envelope by its id (sha256 of its bytes): the evidence behind verdicts, served by
 every holder (``node.roles.evidence``)."""
@@ -50,6 +59,9 @@ STREAM_NAMES: Final = (
     SAMPLES,
     SYNC,
     EVALUATIONS,
+    TRAINING,
+    TRAIN_RECEIPTS,
+    TRAIN_STATE,
     EVIDENCE,
     RUN_FILES,
 )

@@ -21,7 +21,7 @@ SUBMIT_LIMITS: Final = StreamLimits(
 )
 SAMPLES_LIMITS: Final = StreamLimits(
     max_request=RolloutSubmission.MAX_BYTES + Verdict.MAX_BYTES + 4096,
-    max_response=1024,
+    max_response=4096,  # the trainer's signed SampleReceipt
     timeout=30.0,
 )
 EVIDENCE_LIMITS: Final = StreamLimits(

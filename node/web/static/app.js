@@ -221,6 +221,13 @@ async function loadSlashes() {
   fill("#disputes-table tbody", disputes.items.map((d) => row([
     when(d.created_at_ms), peerCell(d.peer || ""), d.reason || "", d.status || "",
   ])));
+  const training = await get("/training-disputes");
+  document.getElementById("training-disputes-note").textContent = training.items.length
+    ? training.items.length + " training disputes: check with swarm-node audit --training"
+    : "no training disputes: every audited step replayed";
+  fill("#training-disputes-table tbody", training.items.map((d) => row([
+    "v" + d.version, d.reason, peerCell(d.trainer), short(d.by), el("span", d.detail, { class: "reason" }),
+  ])));
 }
 
 async function loadShardcast() {

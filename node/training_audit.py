@@ -1,0 +1,489 @@
+"""The training audit: check one version's training record against the signed inputs and
+replay its step (used by the due validator, ``node.roles.train_audit``, and by
+``swarm-node audit --training``, ``node.audit_training``).
+
+Decisions this module owns:
+
+- **Order of checks** (``StepAuditor.audit``), cheapest first, each a ``Finding`` with the
+  dispute reason of ``swarm.messages.training``: the record's numbers against the genesis
+  (``wrong-params``); its window (``outside-window``); each cited verdict, fetched by the
+  evidence protocol, must be a genesis validator's acceptance of a submission of this run made
+  by the version the record says, inside the window (``unknown-verdict``, ``not-accepted``,
+  ``outside-window``). Only a record that passes is replayed: the state before, fetched from
+  the trainer (``/train-state/1``) and checked against ``state_before`` (``state-mismatch``);
+  the groups rebuilt from the cited work exactly as the trainer built them
+  (``node.roles.trainer_records.groups_of``); the published weights of the older versions the
+  samples came from, and of the version itself, by SHARDCAST. The replay must give
+  ``state_after`` (``replay-mismatch``) and the served weights must be ``weights`` and the
+  published file (``weights-mismatch``).
+- **Bits, then tolerance.** On the same kind of machine the replay gives the same bits
+  (``agreed``). When it does not (other hardware), the trainer's own state after the step is
+  fetched too (it must match ``state_after``) and the step agrees when the update's relative
+  error (``node.compute.train_state.update_error``) is at most ``UPDATE_TOLERANCE``
+  (``agreed-within-tolerance``); docs/RELIABILITY.md states the measured honest spread.
+- **What is not replayed** says so (``not-replayed`` with why): a rollback (no step), a version
+  trained by several trainers (the members' gradient commitments are not built yet), a
+  sharded trainer's step (no commitments), a version never announced.
+- **Coverage** (``coverage``, ``skipped``): from the trainer's signed receipts. Samples are
+  trained oldest first inside the window, so a receipted sample of the window that a record
+  passes over while it cites a later one (a larger ``seq``) was skipped (``skipped-sample``);
+  receipted samples that left the window uncited are counted per worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import trio
+
+from node.compute.train_child import ReplayChild
+from node.model import model_info
+from node.roles.evidence import EvidenceService
+from node.roles.trainer_records import STATE_CHUNK, STATE_LIMITS, groups_of, step_config
+from node.run import TaskSource
+from node.runtime import Node
+from swarm.errors import MalformedError, NetworkError, PeerError, RequestTimeout, SwarmError
+from swarm.messages import (
+    RolloutSubmission,
+    RunGenesis,
+    SampleReceipt,
+    Signed,
+    TrainingRecord,
+    Verdict,
+    decode,
+)
+from swarm.net.names import TRAIN_STATE
+
+log = logging.getLogger(__name__)
+
+UPDATE_TOLERANCE = 1e-3
+"""The largest relative error of an update (``update_error``) accepted when a replay is not
+bit for bit (other hardware): honest replays on another thread count differ by about 1e-7
+(tests/unit/test_train_replay.py; docs/RELIABILITY.md), a tenfold learning rate by about 9."""
+
+STATE_TRIES = 4
+"""State requests tried per chunk before the trainer counts as unreachable (no dispute)."""
+
+Weights = Callable[[int], Awaitable[Path | None]]
+"""``weights(version)``: the path of a published version's weights (fetched if need be)."""
+
+
+@dataclass
+class Finding:
+    reason: str
+    detail: str
+    related: tuple[bytes, ...] = ()
+
+
+@dataclass
+class StepAudit:
+    version: int
+    outcome: str
+    """``agreed``, ``agreed-within-tolerance``, ``disputed`` or ``not-replayed``."""
+    detail: str = ""
+    findings: list[Finding] = field(default_factory=list)
+    update_error: float | None = None
+    fetched_bytes: int = 0
+    replay_seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["findings"] = [
+            {"reason": f.reason, "detail": f.detail, "related": [r.hex() for r in f.related]}
+            for f in self.findings
+        ]
+        return out
+
+
+class StepAuditor:
+    """Audits records of one run (see the module docstring); one replay child, started on the
+    first replay and kept."""
+
+    def __init__(
+        self,
+        node: Node,
+        evidence: EvidenceService,
+        suite: TaskSource,
+        model_dir: Path,
+        work: Path,
+        weights: Weights,
+        *,
+        chat_template: bool,
+    ) -> None:
+        self.node = node
+        self.genesis: Signed[RunGenesis] = node.config.genesis
+        self.params = self.genesis.message.params
+        self.evidence = evidence
+        self.suite = suite
+        self.model_dir = model_dir
+        self.work = work
+        self.weights = weights
+        self.chat_template = chat_template
+        self.child: ReplayChild | None = None
+        work.mkdir(parents=True, exist_ok=True)
+
+    def close(self) -> None:
+        if self.child is not None:
+            self.child.close()
+            self.child = None
+
+    # -- the checks before any replay -----------------------------------------------------------
+
+    def check_numbers(self, record: TrainingRecord) -> list[Finding]:
+        try:
+            numbers = json.loads(record.config)
+        except ValueError as exc:
+            return [Finding("wrong-params", f"the record's config is not JSON: {exc}")]
+        if not isinstance(numbers, dict):
+            return [Finding("wrong-params", "the record's config is not a map")]
+        state = {"threads": numbers.get("threads"), "deterministic": numbers.get("deterministic")}
+        extra = {k: v for k, v in numbers.items() if k == "rollback_to"}
+        expected = json.loads(step_config(self.params, state, **extra))
+        wrong = sorted(k for k in set(expected) | set(numbers) if expected.get(k) != numbers.get(k))
+        out = []
+        if wrong:
+            out.append(
+                Finding(
+                    "wrong-params",
+                    "the record's "
+                    + ", ".join(
+                        f"{k}={numbers.get(k)!r} (genesis {expected.get(k)!r})" for k in wrong
+                    ),
+                )
+            )
+        floor = max(0, record.parent - self.params.async_level)
+        if record.min_version < floor:
+            out.append(
+                Finding(
+                    "outside-window",
+                    f"the step's window starts at v{record.min_version}, below v{floor}"
+                    f" (async level {self.params.async_level})",
+                )
+            )
+        return out
+
+    async def cited_work(
+        self, record: Signed[TrainingRecord]
+    ) -> tuple[list[tuple[Signed[RolloutSubmission], Signed[Verdict]]], list[Finding]]:
+        """The cited (submission, verdict) pairs, each checked; findings for those that fail."""
+        r = record.message
+        g = self.genesis.message
+        pairs: list[tuple[Signed[RolloutSubmission], Signed[Verdict]]] = []
+        findings: list[Finding] = []
+        for verdict_id, sample_version in zip(r.verdicts, r.sample_versions, strict=True):
+            short = verdict_id.hex()[:16]
+            verdict = await self.evidence.fetch(verdict_id, list(g.validators))
+            if verdict is None or not isinstance(verdict.message, Verdict):
+                findings.append(
+                    Finding(
+                        "unknown-verdict",
+                        f"cited verdict {short} is held by no validator reached",
+                        (verdict_id,),
+                    )
+                )
+                continue
+            v = verdict.message
+            if verdict.signer not in g.validators or not v.accepted or v.run_id != r.run_id:
+                why = "is not an acceptance" if not v.accepted else "is not this run's"
+                if verdict.signer not in g.validators:
+                    why = f"is signed by {verdict.signer[-8:]}, no genesis validator"
+                findings.append(
+                    Finding("not-accepted", f"cited verdict {short} {why}", (verdict_id,))
+                )
+                continue
+            submission = await self.evidence.fetch(v.submission_id, [verdict.signer])
+            if submission is None or not isinstance(submission.message, RolloutSubmission):
+                findings.append(
+                    Finding(
+                        "unknown-verdict",
+                        f"the submission of cited verdict {short} is held by no one reached",
+                        (verdict_id,),
+                    )
+                )
+                continue
+            made_by = submission.message.policy_version
+            if made_by != sample_version or not r.min_version <= made_by <= r.parent:
+                findings.append(
+                    Finding(
+                        "outside-window",
+                        f"cited verdict {short}: its sample was made by v{made_by} (record says"
+                        f" v{sample_version}); the step's window is v{r.min_version}..v{r.parent}",
+                        (verdict_id,),
+                    )
+                )
+                continue
+            pairs.append((submission, verdict))
+        return pairs, findings
+
+    # -- fetching the state ---------------------------------------------------------------------
+
+    async def fetch_state(self, trainer: str, version: int) -> tuple[Path, int]:
+        """The trainer's state file of ``version`` (raises ``SwarmError``, e.g. a version past
+        its retention window); returns its path and size."""
+        path = self.work / f"s{version}.safetensors"
+        tmp = path.with_name(path.name + ".part")
+        offset, size = 0, None
+        with tmp.open("wb") as f:
+            while size is None or offset < size:
+                ask = msgpack.packb([version, offset, STATE_CHUNK], use_bin_type=True)
+                body = await self._ask(trainer, ask)
+                try:
+                    answer = msgpack.unpackb(body, raw=False)
+                    size, data = int(answer["size"]), bytes(answer["data"])
+                except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
+                    raise MalformedError(f"trainer answered no state chunk: {exc}") from exc
+                if not data and offset < size:
+                    raise MalformedError(f"trainer sent no bytes at offset {offset} of {size}")
+                f.write(data)
+                offset += len(data)
+        tmp.replace(path)
+        return path, offset
+
+    async def _ask(self, trainer: str, body: bytes) -> bytes:
+        """One state request; a dropped connection or a timeout is tried again
+        (``STATE_TRIES`` in all), a refusal is not."""
+        for attempt in range(STATE_TRIES):
+            try:
+                return await self.node.request(trainer, TRAIN_STATE, body, STATE_LIMITS)
+            except (NetworkError, RequestTimeout) as exc:
+                if isinstance(exc, PeerError) or attempt == STATE_TRIES - 1:
+                    raise
+                log.info("trainer %s: state request failed (%s); again", trainer[-8:], exc)
+                await self.node.forget_peer(trainer)
+                await trio.sleep(1.0 + 2 * attempt)
+        raise AssertionError("unreachable")
+
+    # -- the audit ------------------------------------------------------------------------------
+
+    async def audit(self, record: Signed[TrainingRecord]) -> StepAudit:
+        r = record.message
+        self._tidy(r.parent - self.params.async_level)
+        out = StepAudit(r.version, "disputed")
+        out.findings = self.check_numbers(r)
+        numbers = json.loads(r.config) if not out.findings else {}
+        if "rollback_to" in numbers:
+            return self._not(out, f"a rollback to the weights of v{numbers['rollback_to']}")
+        if r.members:
+            return self._not(out, "trained by several trainers (members' gradients: not built)")
+        if not r.state_before or not r.state_after:
+            return self._not(out, "a sharded trainer's step (no state commitments)")
+        # The weights first: a shard store keeps few versions, and the checks take a while.
+        published = await self._copy_of(r.version)
+        old: dict[str, str] = {}
+        missing: list[int] = []
+        for version in sorted(set(r.sample_versions) - {r.parent}):
+            path = await self._copy_of(version)
+            if path is None:
+                missing.append(version)
+            else:
+                old[str(version)] = str(path)
+        pairs, bad = await self.cited_work(record)
+        out.findings += bad
+        if out.findings:
+            return out
+        if published is None:
+            return self._not(out, f"v{r.version} was never announced, or no peer serves it")
+        if missing:
+            return self._not(out, f"the weights of v{missing} are served by no peer")
+        try:
+            state, size = await self.fetch_state(record.signer, r.parent)
+        except SwarmError as exc:
+            newest = self.node.policy.version or r.version
+            if r.parent <= newest - self.params.train_state_keep:
+                return self._not(out, f"past the retention window: {exc}")
+            if not isinstance(exc, PeerError):  # unreachable, not refusing: no dispute
+                return self._not(out, f"the trainer did not answer for the state: {exc}")
+            # Inside the window the trainer must serve it: refusing is no way out of an audit.
+            out.findings.append(
+                Finding("state-mismatch", f"state of v{r.parent} not served: {exc}")
+            )
+            return out
+        out.fetched_bytes = size
+        groups = [g for s, v in pairs for g in groups_of(s, v, self.params.group_size, self.suite)]
+        args = {
+            "model_dir": str(self.model_dir),
+            "chat_template": self.chat_template,
+            "config": {
+                k: numbers[k]
+                for k in (
+                    "learning_rate",
+                    "clip_epsilon",
+                    "clip_delta",
+                    "entropy_coef",
+                    "kl_coef",
+                    "max_grad_norm",
+                    "max_tokens",
+                )
+            },
+            "serve_dtype": numbers["serve_dtype"],
+            "pad_id": model_info(self.model_dir).pad_id,
+            "threads": int(numbers["threads"]) or 1,
+            "seed": r.seed,
+            "parent": r.parent,
+            "groups": [g.to_wire() for g in groups],
+            "state": str(state),
+            "old": old,
+            "published": str(published),
+        }
+        started = time.perf_counter()
+        got = await self._replay(args)
+        if got["before"] != r.state_before:
+            out.findings.append(
+                Finding("state-mismatch", f"the served state of v{r.parent} is not the record's")
+            )
+            return out
+        if got["after"] != r.state_after:
+            try:
+                theirs, size = await self.fetch_state(record.signer, r.version)
+            except SwarmError as exc:
+                out.findings.append(Finding("replay-mismatch", f"replay differs; {exc}"))
+                return out
+            out.fetched_bytes += size
+            got = await self._replay({**args, "after": str(theirs)})
+            out.update_error = got["update_error"]
+            if got["their_after"] != r.state_after:
+                out.findings.append(
+                    Finding(
+                        "state-mismatch", f"the served state of v{r.version} is not the record's"
+                    )
+                )
+            elif got["update_error"] > UPDATE_TOLERANCE:
+                out.findings.append(
+                    Finding(
+                        "replay-mismatch",
+                        f"the replayed step is {got['update_error']:.3g} of an update away from"
+                        f" the record's (tolerance {UPDATE_TOLERANCE:g})",
+                    )
+                )
+        out.replay_seconds = time.perf_counter() - started
+        if got["published"] != r.weights or (
+            got["after"] == r.state_after and got["weights"] != r.weights
+        ):
+            out.findings.append(
+                Finding(
+                    "weights-mismatch",
+                    f"the published weights of v{r.version} are not the step's result served",
+                )
+            )
+        if not out.findings:
+            exact = got["after"] == r.state_after
+            out.outcome = "agreed" if exact else "agreed-within-tolerance"
+        return out
+
+    def _tidy(self, oldest: int) -> None:
+        """Drop the copies and states of versions below ``oldest`` (no later audit needs them)."""
+        for path in self.work.iterdir():
+            name = path.name.split(".")[0]
+            if name[:1] in "vs" and name[1:].isdigit() and int(name[1:]) < oldest:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+
+    async def _copy_of(self, version: int) -> Path | None:
+        """A copy of ``version``'s published weights in the work folder: the shard store may
+        drop its file (retention, a patch's reconstruction) while the replay reads it."""
+        copy = self.work / f"v{version}"
+        if copy.exists():
+            return copy
+        for _ in range(2):
+            path = await self.weights(version)
+            if path is None:
+                return None
+            try:
+                await trio.to_thread.run_sync(_copy, path, copy)
+                return copy
+            except FileNotFoundError:
+                continue  # dropped meanwhile: fetched again
+        return None
+
+    @staticmethod
+    def _not(out: StepAudit, why: str) -> StepAudit:
+        if not out.findings:
+            out.outcome, out.detail = "not-replayed", why
+        return out
+
+    async def _replay(self, args: dict[str, Any]) -> dict[str, Any]:
+        if self.child is None:
+            self.child = await trio.to_thread.run_sync(ReplayChild)
+        child = self.child
+        result: dict[str, Any] = await trio.to_thread.run_sync(child.replay, args)
+        return result
+
+
+def _copy(path: Path, dest: Path) -> None:
+    tmp = dest.with_name(dest.name + ".tmp")
+    if path.is_dir():
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(path, tmp)
+    else:
+        shutil.copyfile(path, tmp)
+    tmp.replace(dest)
+
+
+# -- coverage, from the trainer's signed receipts ---------------------------------------------
+
+
+def skipped(
+    record: Signed[TrainingRecord],
+    receipts: Iterable[Signed[SampleReceipt]],
+    trained: set[bytes],
+) -> list[Signed[SampleReceipt]]:
+    """Receipts of ``record``'s trainer for samples inside its window that it passed over while
+    it cited a later one (``trained``: verdict ids cited by every record up to this one)."""
+    r = record.message
+    mine = [x for x in receipts if x.signer == record.signer and x.message.queued]
+    cited = set(r.verdicts)
+    seqs = [x.message.seq for x in mine if x.message.verdict_id in cited]
+    if not seqs:
+        return []
+    last = max(seqs)
+    return [
+        x
+        for x in mine
+        if x.message.seq < last
+        and r.min_version <= x.message.sample_version <= r.parent
+        and x.message.verdict_id not in trained
+    ]
+
+
+def coverage(
+    records: Sequence[Signed[TrainingRecord]],
+    receipts: Sequence[Signed[SampleReceipt]],
+    async_level: int,
+) -> dict[str, dict[str, int]]:
+    """Per worker: receipted samples, those cited by a record, and those that left the window
+    (``sample_version < newest - async_level``) uncited."""
+    cited = {v for rec in records for v in rec.message.verdicts}
+    newest = max((rec.message.version for rec in records), default=0)
+    out: dict[str, dict[str, int]] = {}
+    for x in receipts:
+        m = x.message
+        if not m.queued:
+            continue
+        row = out.setdefault(m.worker, {"handed": 0, "trained": 0, "left_out": 0})
+        row["handed"] += 1
+        if m.verdict_id in cited:
+            row["trained"] += 1
+        elif m.sample_version < newest - async_level:
+            row["left_out"] += 1
+    return out
+
+
+def decode_receipts(raws: Iterable[Any]) -> list[Signed[SampleReceipt]]:
+    out = []
+    for raw in raws:
+        if isinstance(raw, bytes):
+            try:
+                out.append(decode(raw, SampleReceipt))
+            except SwarmError:
+                continue
+    return out

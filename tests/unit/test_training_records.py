@@ -1,0 +1,256 @@
+"""The trainer's accountability without a swarm: records, receipts and disputes decode or fail
+in one line; the ledger gate takes records only from genesis trainers and disputes only from
+genesis validators; the store keeps the first record of a version; the skip rule and coverage
+read the receipts; the queue's places never repeat; a state past the retention window is
+refused with the window held; the rogue trainer's plan parses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import msgpack
+import pytest
+
+from node.compute.groups import Group
+from node.roles.cheats import trainer_cheat_by_spec
+from node.roles.sample_queue import SampleQueue
+from node.roles.trainer_records import TrainingLog, step_config
+from node.training_audit import coverage, skipped
+from swarm.errors import ConfigError, MalformedError, StorageError
+from swarm.identity import NodeKey
+from swarm.ledger.training import TrainingStore
+from swarm.messages import (
+    RunParams,
+    SampleReceipt,
+    Signed,
+    TrainingDispute,
+    TrainingRecord,
+    decode,
+    sign,
+    train_auditor,
+)
+from swarm.messages.training import audit_draw
+from swarm.net.gossip import GossipStats, LedgerGate, Refused
+
+RUN = "run-under-test"
+TRAINER = NodeKey.from_seed(b"\x51" * 32)
+VALIDATOR = NodeKey.from_seed(b"\x52" * 32)
+OUTSIDER = NodeKey.from_seed(b"\x53" * 32)
+
+
+def record(
+    version: int,
+    verdicts: list[bytes],
+    *,
+    key: NodeKey = TRAINER,
+    min_version: int = 0,
+    salt: int = 0,
+) -> Signed[TrainingRecord]:
+    return sign(
+        TrainingRecord(
+            run_id=RUN,
+            version=version,
+            parent=version - 1,
+            min_version=min_version,
+            verdicts=tuple(verdicts),
+            sample_versions=tuple(max(0, version - 1) for _ in verdicts),
+            config=step_config(RunParams(), {"threads": 1, "deterministic": True}),
+            seed=7,
+            state_before=b"\x01" * 32,
+            state_after=b"\x02" * 32,
+            weights=b"\x03" * 32,
+            created_at=1 + salt,
+        ),
+        key,
+    )
+
+
+def receipt(n: int, seq: int, version: int, worker: str = "w-a") -> Signed[SampleReceipt]:
+    return sign(
+        SampleReceipt(
+            run_id=RUN,
+            submission_id=bytes([n]) * 32,
+            verdict_id=bytes([100 + n]) * 32,
+            worker=worker,
+            sample_version=version,
+            trainer_version=version,
+            queued=True,
+            seq=seq,
+            created_at=1,
+        ),
+        TRAINER,
+    )
+
+
+def test_messages_round_trip_and_bad_ones_fail_in_one_line() -> None:
+    r = record(3, [b"\x09" * 32])
+    assert decode(r.raw, TrainingRecord).message == r.message
+    with pytest.raises(MalformedError, match="follows its parent"):
+        TrainingRecord(RUN, 3, 1, 0, (), (), "{}", 0, b"", b"", b"", 0)
+    with pytest.raises(MalformedError, match="cites a verdict twice"):
+        TrainingRecord(RUN, 2, 1, 0, (b"\x01" * 32,) * 2, (1, 1), "{}", 0, b"", b"", b"", 0)
+    with pytest.raises(MalformedError, match="not known"):
+        TrainingDispute(RUN, 2, "t", b"", "made-up", "", 0)
+    x = receipt(1, 5, 2)
+    assert decode(x.raw, SampleReceipt).message.seq == 5
+
+
+def test_the_gate_takes_records_from_trainers_and_disputes_from_validators() -> None:
+    gate = LedgerGate(
+        RUN,
+        (VALIDATOR.peer_id,),
+        GossipStats(),
+        validators=(VALIDATOR.peer_id,),
+        trainers=(TRAINER.peer_id,),
+    )
+    gate.check(record(1, []).raw)
+    with pytest.raises(Refused, match="not a genesis trainer"):
+        gate.check(record(1, [], key=OUTSIDER).raw)
+    dispute = TrainingDispute(RUN, 1, TRAINER.peer_id, b"", "no-record", "missing", 1)
+    gate.check(sign(dispute, VALIDATOR).raw)
+    with pytest.raises(Refused, match="not a genesis validator"):
+        gate.check(sign(dispute, TRAINER).raw)
+
+
+def test_the_store_keeps_the_first_record_of_a_version(tmp_path: Path) -> None:
+    store = TrainingStore(tmp_path / "training.db")
+    first, other = record(2, []), record(2, [], salt=1)
+    assert store.add(first) == "stored"
+    assert store.add(first) == "again"
+    assert store.add(other) == "conflict"
+    assert store.record(2) is not None and store.record(2).id == first.id  # type: ignore[union-attr]
+    assert store.summary()["conflicts"] == 1
+    store.close()
+
+
+def test_a_sample_passed_over_for_a_later_one_is_skipped() -> None:
+    receipts = [receipt(1, 1, 0, "w-a"), receipt(2, 2, 0, "w-b"), receipt(3, 3, 0, "w-b")]
+    # v1 trains seq 2 and 3 while seq 1 (worker a, in the window) waits: skipped.
+    r1 = record(1, [receipts[1].message.verdict_id, receipts[2].message.verdict_id])
+    trained = set(r1.message.verdicts)
+    assert [x.message.worker for x in skipped(r1, receipts, trained)] == ["w-a"]
+    # Oldest first is no skip.
+    honest = record(1, [receipts[0].message.verdict_id, receipts[1].message.verdict_id])
+    assert skipped(honest, receipts, set(honest.message.verdicts)) == []
+    # Coverage: seq 1 left the window (async level 2, newest v4) untrained.
+    later = record(4, [])
+    cov = coverage([r1, later], receipts, async_level=2)
+    assert cov["w-a"] == {"handed": 1, "trained": 0, "left_out": 1}
+    assert cov["w-b"] == {"handed": 2, "trained": 2, "left_out": 0}
+
+
+def test_queue_places_never_repeat_after_a_prune(tmp_path: Path) -> None:
+    queue = SampleQueue(tmp_path / "samples.db")
+    group = Group([1], [[2], [3]], [1.0, 0.0], 0)
+    for i in range(3):
+        queue.put(bytes([i]) * 32, 0, [group], verdict_id=bytes([50 + i]) * 32, worker="w")
+    assert queue.seq_of(b"\x02" * 32) == 3
+    queue.prune(5, 5)  # every row of v0 goes
+    queue.put(b"\x09" * 32, 5, [group], verdict_id=b"\x59" * 32, worker="w")
+    assert queue.seq_of(b"\x09" * 32) == 4
+    assert queue.first_worker() == "w"
+    queue.close()
+    # A queue from before receipts (no verdict or worker columns) opens and gains them.
+    import sqlite3
+
+    old = sqlite3.connect(tmp_path / "old.db")
+    old.execute(
+        "CREATE TABLE accepted (submission_id BLOB PRIMARY KEY, seq INTEGER NOT NULL,"
+        " version INTEGER NOT NULL, groups BLOB NOT NULL, step INTEGER)"
+    )
+    old.execute("INSERT INTO accepted VALUES (?, 7, 0, ?, NULL)", (b"\x01" * 32, b"\x90"))
+    old.commit()
+    old.close()
+    again = SampleQueue(tmp_path / "old.db")
+    assert again.put(b"\x02" * 32, 0, [group], verdict_id=b"\x03" * 32, worker="w2")
+    assert again.seq_of(b"\x02" * 32) == 8 and again.first_worker() == "w2"
+    again.close()
+
+
+async def test_a_state_past_the_retention_window_is_refused_with_the_window(
+    tmp_path: Path,
+) -> None:
+    states = tmp_path / "states"
+    states.mkdir()
+    for v in (5, 6):
+        (states / f"s{v}.safetensors").write_bytes(b"x" * 10)
+    log = TrainingLog(SimpleNamespace(), None, states)  # type: ignore[arg-type]
+    answer = msgpack.unpackb(await log.serve_state("p", msgpack.packb([6, 4, 100])))
+    assert answer == {"size": 10, "data": b"x" * 6}
+    with pytest.raises(
+        StorageError, match=r"past the trainer's retention window \(it holds v5..6\)"
+    ):
+        await log.serve_state("p", msgpack.packb([2, 0, 100]))
+    with pytest.raises(MalformedError, match="train-state request"):
+        await log.serve_state("p", msgpack.packb(["2", 0, 100]))
+
+
+def test_the_audit_draw_is_the_due_validators_own() -> None:
+    validators = [VALIDATOR.peer_id, OUTSIDER.peer_id]
+    due = {train_auditor(RUN, v, validators) for v in range(1, 40)}
+    assert due == set(validators)  # each has a share
+    draws = [
+        audit_draw(VALIDATOR.signature("train-audit-draw", bytes([i]) * 32)) for i in range(200)
+    ]
+    assert all(0 <= d < 1 for d in draws)
+    assert 0.02 < sum(d < 0.1 for d in draws) / 200 < 0.2  # about the share asked
+
+
+def test_the_rogue_trainers_plan_parses_or_fails_in_one_line() -> None:
+    plan: Any = trainer_cheat_by_spec("learning-rate@1,drop-worker@4")
+    assert plan.at(1) == "learning-rate" and plan.at(4) == "drop-worker" and plan.at(2) is None
+    assert trainer_cheat_by_spec("perturb-weights").at(9) == "perturb-weights"
+    with pytest.raises(ConfigError, match="unknown trainer cheat"):
+        trainer_cheat_by_spec("steal")
+    with pytest.raises(ConfigError, match="number"):
+        trainer_cheat_by_spec("learning-rate@x")
+
+
+def test_a_record_whose_numbers_are_not_the_genesis_is_wrong_params(tmp_path: Path) -> None:
+    import json
+
+    from node.model import DEFAULT_MODEL_DIR
+    from node.run import create_genesis
+    from node.tasks.suite import default_suite
+    from node.training_audit import StepAuditor
+
+    params = RunParams(async_level=2)
+    genesis = create_genesis(
+        NodeKey.from_seed(b"\x54" * 32),
+        name="numbers",
+        trainers=[TRAINER.peer_id],
+        validators=[VALIDATOR.peer_id],
+        params=params,
+        created_at=1,
+    )
+    node = SimpleNamespace(config=SimpleNamespace(genesis=genesis))
+
+    async def no_weights(version: int) -> None:
+        return None
+
+    auditor = StepAuditor(
+        node,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        default_suite(),
+        DEFAULT_MODEL_DIR,
+        tmp_path,
+        no_weights,
+        chat_template=False,
+    )
+    honest = record(5, [], min_version=3).message
+    assert auditor.check_numbers(honest) == []
+    numbers = json.loads(honest.config) | {"learning_rate": 0.5}
+    forged = TrainingRecord(**{**_fields(honest), "config": json.dumps(numbers)})
+    (finding,) = auditor.check_numbers(forged)
+    assert finding.reason == "wrong-params" and "learning_rate=0.5" in finding.detail
+    early = TrainingRecord(**{**_fields(honest), "min_version": 1})
+    (finding,) = auditor.check_numbers(early)
+    assert finding.reason == "outside-window" and "below v2" in finding.detail
+
+
+def _fields(r: TrainingRecord) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
