@@ -23,13 +23,17 @@ from swarm.messages import (
     RunGenesis,
     RunParams,
     Sample,
+    SampleReceipt,
     ShardFile,
     ShardManifest,
+    TrainingDispute,
+    TrainingRecord,
     Verdict,
     decode,
     decode_any,
     sign,
 )
+from swarm.messages.training import DISPUTE_REASONS, MemberCommitment
 
 KEY = NodeKey.from_seed(b"\x07" * 32)
 PEERS = [NodeKey.from_seed(bytes([i]) * 32).peer_id for i in range(1, 6)]
@@ -169,13 +173,74 @@ def evaluations(draw: st.DrawFn) -> Evaluation:
     )
 
 
+id32 = st.binary(min_size=32, max_size=32)
+
+
+@st.composite
+def training_records(draw: st.DrawFn) -> TrainingRecord:
+    parent = draw(st.integers(0, 2**40))
+    verdicts = draw(st.lists(id32, max_size=6, unique=True))
+    return TrainingRecord(
+        run_id=draw(text),
+        version=parent + 1,
+        parent=parent,
+        min_version=draw(st.integers(0, parent)),
+        verdicts=tuple(verdicts),
+        sample_versions=tuple(draw(st.integers(0, parent)) for _ in verdicts),
+        config=draw(text),
+        seed=draw(u64),
+        state_before=draw(st.binary(max_size=32)),
+        state_after=draw(st.binary(max_size=32)),
+        weights=draw(st.binary(max_size=32)),
+        created_at=draw(u64),
+        members=tuple(
+            MemberCommitment(draw(text), draw(u64), draw(id32))
+            for _ in range(draw(st.integers(0, 2)))
+        ),
+    )
+
+
+receipts = st.builds(
+    SampleReceipt,
+    run_id=text,
+    submission_id=id32,
+    verdict_id=id32,
+    worker=text,
+    sample_version=u64,
+    trainer_version=u64,
+    queued=st.booleans(),
+    seq=u64,
+    created_at=u64,
+)
+training_disputes = st.builds(
+    TrainingDispute,
+    run_id=text,
+    version=u64,
+    trainer=text,
+    record=st.binary(max_size=32),
+    reason=st.sampled_from(DISPUTE_REASONS),
+    detail=st.text(max_size=64),
+    created_at=u64,
+    related=st.lists(id32, max_size=3).map(tuple),
+)
+
 any_message = st.one_of(
-    genesis, advert, announcement, manifests(), submission, verdict, event, evaluations()
+    genesis,
+    advert,
+    announcement,
+    manifests(),
+    submission,
+    verdict,
+    event,
+    evaluations(),
+    training_records(),
+    receipts,
+    training_disputes,
 )
 
 
 def test_every_message_type_has_a_strategy() -> None:
-    assert len(MESSAGE_TYPES) == 8
+    assert len(MESSAGE_TYPES) == 11
 
 
 @given(message=any_message)

@@ -114,6 +114,7 @@ def test_a_genesis_from_before_serve_dtype_writes_float32(
         in_group=False,
         device="cpu",
         run_dir=tmp_path,
+        log=SimpleNamespace(states=tmp_path / "states"),
         threads=1,
         chat_template=False,
         nproc=1,
