@@ -40,6 +40,7 @@ from node.compute.groups import Group, StepStats
 from node.compute.train_child import TrainerChild
 from node.roles.trainer_stats import GroupStatus
 from swarm.errors import SwarmError
+from swarm.messages.training import MemberCommitment
 
 if TYPE_CHECKING:
     from node.roles.trainer import Trainer
@@ -64,6 +65,8 @@ class GroupRounds:
         self.t = trainer
         self.status = GroupStatus()
         self._unfetched_since: dict[int, float] = {}
+        self._state: dict[str, Any] = {}
+        """The training child's commitments of the round being published."""
 
     @property
     def child(self) -> TrainerChild:
@@ -254,6 +257,7 @@ class GroupRounds:
             log.warning("round v%d was void (two groups formed); samples back", step)
             await self._undo(step)
             return
+        self._state = out.get("state") or {}
         published = await self._publish_round(step, members, rnd["publisher"])
         if not published:
             await self._undo(step)
@@ -313,6 +317,7 @@ class GroupRounds:
             log.warning("v%d was published by another round first; ours is undone", new)
             return None
         await self._sync(child.record_round, step, members)
+        await self._record(step, new, members)
         try:
             await t.publish(new)
         except SwarmError as exc:
@@ -322,6 +327,21 @@ class GroupRounds:
         t.version = new
         self.status.published_here += 1
         return me
+
+    async def _record(self, step: int, version: int, members: list[str]) -> None:
+        """The round's training record, signed by its publisher: the members are named (their
+        gradient commitments are not built yet, so an audit reports it not replayed), the
+        citations are this member's own samples of the round."""
+        t = self.t
+        min_version = max(0, step - t.params.async_level, t.window_floor)
+        await t.log.publish_record(
+            t.params,
+            parent=version - 1,
+            min_version=min(min_version, version - 1),
+            cited=t.queue.cited_by(step),
+            state=self._state,
+            members=[MemberCommitment(m, 0, b"") for m in members],
+        )
 
     async def _republish(self, step: int, members: list[str], version: int) -> str:
         """The publisher announced the round's version and died before anyone held its copy:
@@ -334,6 +354,7 @@ class GroupRounds:
         self.status.takeovers += 1
         await self._sync(child.relabel, version)
         await self._sync(child.record_round, step, members)
+        await self._record(step, version, members)
         await t.publish(version)
         t.version = version
         self.status.published_here += 1
