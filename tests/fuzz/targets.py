@@ -38,14 +38,18 @@ from swarm.messages import (
     RoleAdvert,
     RolloutSubmission,
     Sample,
+    SampleReceipt,
     ShardFile,
     ShardManifest,
+    TrainingDispute,
+    TrainingRecord,
     Verdict,
     decode,
     decode_any,
     run_id_of,
     sign,
 )
+from swarm.messages.training import MemberCommitment
 from swarm.shardcast.protocol import ChannelOffer, Holdings, ManifestRequest, ShardRequest
 from tests.fuzz.inputs import fuzz_bytes, pack, structure
 
@@ -74,6 +78,25 @@ def message_seeds() -> dict[str, Any]:
         "verdict": Verdict(RUN, bytes(32), KEY.peer_id, True, "none", (), (1, 0), 5, {"m": 1}),
         "ledger-event": LedgerEvent(RUN, "credit", KEY.peer_id, 10, bytes(32), 5),
         "evaluation": Evaluation(RUN, 0, 9, (97, 98), (1_000_000, 0), 500_000, 5),
+        "training-record": TrainingRecord(
+            RUN,
+            2,
+            1,
+            0,
+            (bytes(32),),
+            (1,),
+            '{"threads":1}',
+            5,
+            bytes(32),
+            bytes(32),
+            bytes(32),
+            6,
+            (MemberCommitment(KEY.peer_id, 4, bytes(32)),),
+        ),
+        "sample-receipt": SampleReceipt(RUN, bytes(32), bytes(32), KEY.peer_id, 1, 1, True, 3, 7),
+        "training-dispute": TrainingDispute(
+            RUN, 2, KEY.peer_id, bytes(32), "replay-mismatch", "off", 8, (bytes(32),)
+        ),
     }
 
 
