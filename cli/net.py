@@ -521,7 +521,8 @@ def _role_rows(table: Table, role_status: dict[str, Any]) -> None:
         line = f"{training['records']} records (latest v{training.get('latest_record')})"
         if "audited" in training:
             line += f", {training.get('agreed', 0)} of {training['audited']} audits agreed"
-        line += f", {len(disputes)} training dispute(s)" if disputes else ", no disputes"
+        count = training.get("dispute_count", len(disputes))
+        line += f", {count} training dispute(s)" if count else ", no disputes"
         table.add_row("trainer audit", line)
         for d in disputes[-3:]:
             table.add_row(

@@ -162,6 +162,7 @@ class RoleHandle:
                 "rollbacks": t.stats.rollbacks,
                 "published_at": t.stats.published_at,
                 "busy_s": round(t.stats.busy_seconds, 3),
+                "accountability": t.log.status(),  # records signed, training states held
             }
             if t.stats.group is not None:
                 out["trainer"]["group"] = vars(t.stats.group)

@@ -102,10 +102,9 @@ class TrainingAudits:
 
     async def _on_record(self, record: Signed[TrainingRecord]) -> None:
         r = record.message
-        if self.store.audited(r.version) and self.store.record(r.version) is not None:
-            held = self.store.record(r.version)
-            if held is not None and held.id == record.id:
-                return
+        held = self.store.record(r.version)
+        if held is not None and held.id == record.id and self.store.audited(r.version):
+            return  # audited before a restart
         self.store.add(record)
         with trio.move_on_after(RECORD_WAIT_S):  # the records before it, for the skip check
             while any(

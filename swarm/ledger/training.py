@@ -63,6 +63,10 @@ CREATE TABLE IF NOT EXISTS audits (
 """
 
 
+SUMMARY_DISPUTES = 10
+"""The newest disputes ``status`` lists (all of them: ``ledger show``, the dashboard)."""
+
+
 class TrainingStore:
     FILE = "training.db"
 
@@ -228,7 +232,8 @@ class TrainingStore:
             "receipts": int(self._rows("SELECT count(*) FROM receipts")[0][0]),
             "audited": len(audits),
             "agreed": sum(o == "agreed" for o, _ in audits.values()),
-            "disputes": self.disputes(),
+            "dispute_count": len(disputes := self.disputes()),
+            "disputes": disputes[-SUMMARY_DISPUTES:],
         }
 
 
