@@ -88,15 +88,7 @@ async def gather(
 ) -> Gathered:
     """Copy the ledger, the evidence and the weights an audit needs from the swarm."""
     workdir.mkdir(parents=True, exist_ok=True)
-    config = RuntimeConfig(
-        key=NodeKey.generate(),
-        genesis=genesis,
-        role="inference",
-        listen=listen,
-        bootstrap=bootstrap,
-        discover_every_s=1.0,
-        dial=dial or DialPolicy(),
-    )
+    config = auditor_config(genesis, bootstrap, listen, dial)
     ledger = LedgerStore(workdir / "ledger.db", genesis)
     evidence_store = EvidenceStore(workdir / "evidence.db")
     shards = ShardStore(workdir / "shards", keep=1 << 20)
@@ -125,6 +117,24 @@ async def gather(
         evidence_store.close()
     return Gathered(
         workdir / "ledger.db", workdir / "evidence.db", workdir / "shards", fetched, missing, synced
+    )
+
+
+def auditor_config(
+    genesis: Signed[RunGenesis],
+    bootstrap: Sequence[str],
+    listen: Sequence[str],
+    dial: DialPolicy | None,
+) -> RuntimeConfig:
+    """The throwaway node an audit joins as: a fresh key, role ``inference``."""
+    return RuntimeConfig(
+        key=NodeKey.generate(),
+        genesis=genesis,
+        role="inference",
+        listen=listen,
+        bootstrap=bootstrap,
+        discover_every_s=1.0,
+        dial=dial or DialPolicy(),
     )
 
 

@@ -25,19 +25,18 @@ import msgpack
 import trio
 
 from node.audit import AuditAssets
-from node.audit_swarm import _find_validators
+from node.audit_swarm import _find_validators, auditor_config
 from node.model.text import chat_template_wanted
 from node.roles.evaluation_sync import LIMITS, TrainingSync
 from node.roles.evidence import EvidenceService
 from node.run import suite_for
 from node.run_assets import local_data_set, local_model
-from node.runtime import Node, RuntimeConfig
+from node.runtime import Node
 from node.shardcast import ShardcastService
 from node.training_audit import StepAudit, StepAuditor, coverage, decode_receipts
 from node.version_chain import VersionChain
 from swarm.errors import ConfigError, SwarmError
 from swarm.evidence import EvidenceStore
-from swarm.identity import NodeKey
 from swarm.ledger.training import TrainingStore
 from swarm.messages import RunGenesis, Signed, TrainingDispute, decode
 from swarm.net import DialPolicy
@@ -106,15 +105,7 @@ async def audit_training(
         )
     suite = suite_for(g, local_data_set(g, assets.tasks, dirs), cache=dirs.data)
     workdir.mkdir(parents=True, exist_ok=True)
-    config = RuntimeConfig(
-        key=NodeKey.generate(),
-        genesis=genesis,
-        role="inference",
-        listen=listen,
-        bootstrap=bootstrap,
-        discover_every_s=1.0,
-        dial=dial or DialPolicy(),
-    )
+    config = auditor_config(genesis, bootstrap, listen, dial)
     store = TrainingStore(workdir / "training.db")
     evidence_store = EvidenceStore(workdir / "evidence.db")
     shards = ShardStore(workdir / "shards", keep=1 << 20)

@@ -274,6 +274,8 @@ class _Training:
         sharded trainer's state lives on its ranks)."""
         self.state_keep = int(args.get("state_keep") or 8)
         self.state_digest = b""
+        self.served = b""
+        """The commitment to the served tensors of the version written last (``_write``)."""
         self._write(self.grpo.version, again=False)
         self._keep_state(again=False)
 
@@ -287,8 +289,13 @@ class _Training:
         if again or not path.exists():
             tmp = path.with_name(path.name + ".tmp")
             weights = {k: v for k, v in self.grpo.weights().items() if k not in self.tied}
-            save_file(served_weights(weights, self.serve_dtype), str(tmp))
+            served = served_weights(weights, self.serve_dtype)
+            save_file(served, str(tmp))
             tmp.replace(path)
+            if self.states is not None:  # the record's commitment, from the tensors just cast
+                from node.compute.train_state import digest
+
+                self.served = digest(served)
         return str(path)
 
     def _settle(self) -> str:
@@ -319,14 +326,6 @@ class _Training:
         held = sorted(int(f.stem[1:]) for f in self.states.glob("s*.safetensors"))
         for old in held[: -self.state_keep]:
             (self.states / f"s{old}.safetensors").unlink(missing_ok=True)
-
-    def served_digest(self) -> bytes:
-        """The commitment to the current version's served tensors (tied copies once)."""
-        from node.compute.grpo import served_weights
-        from node.compute.train_state import digest
-
-        weights = {k: v for k, v in self.grpo.weights().items() if k not in self.tied}
-        return digest(served_weights(weights, self.serve_dtype))
 
     def serve(self, op: str, args: dict[str, Any]) -> Any:
         if op == "step":
@@ -362,7 +361,7 @@ class _Training:
             before = self.state_digest
             taken = self.grpo.rollback(int(args["version"]))
             weights = self._settle()
-            served = self.served_digest() if self.states is not None else b""
+            served = self.served
             state = {"before": before, "after": self.state_digest, "weights": served}
             return {
                 "taken": taken,
@@ -427,7 +426,7 @@ class _Training:
                 for group in self.grpo.optimizer.param_groups:
                     group["lr"] = self.grpo.config.learning_rate
         weights = self._settle()
-        served = self.served_digest() if self.states is not None else b""
+        served = self.served
         if cheat == "perturb-weights":  # tests only: publish weights no step produced
             _perturb(Path(weights))
         return {

@@ -104,8 +104,7 @@ class TrainingAudits:
         r = record.message
         held = self.store.record(r.version)
         if held is not None and held.id == record.id and self.store.audited(r.version):
-            return  # audited before a restart
-        self.store.add(record)
+            return  # audited before a restart (the store keeps what the gate passed)
         with trio.move_on_after(RECORD_WAIT_S):  # the records before it, for the skip check
             while any(
                 self.store.record(v) is None for v in range(max(1, r.min_version), r.version)
