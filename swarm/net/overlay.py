@@ -166,6 +166,26 @@ class Overlay:
         """Listen, start DHT and gossip; stop them all on exit. ``NetworkError`` when the
         listen address cannot be bound."""
         overlay = cls(key, config or OverlayConfig())
+        stopping = False
+        try:
+            async with overlay._run():
+                yield overlay
+                stopping = True
+        except BaseExceptionGroup as group:
+            # py-libp2p (0.8.x) sometimes spawns a task for a connection that arrived while its
+            # services stop, into a nursery already closed: the run is over and nothing is lost,
+            # so at shutdown that one error is logged, never raised over the caller's result
+            # (CI flakes of the policy-loss and RL swarm tests; _quiesce narrows the window).
+            late, rest = group.split(_late_spawn)
+            if not stopping or late is None:
+                raise
+            if rest is not None:
+                raise rest from None
+            log.warning("py-libp2p spawned into a closed nursery while stopping (ignored)")
+
+    @asynccontextmanager
+    async def _run(self) -> AsyncIterator[None]:
+        overlay = self
         async with AsyncExitStack() as stack:
             try:
                 await stack.enter_async_context(
@@ -203,7 +223,7 @@ class Overlay:
             housekeeping = await stack.enter_async_context(trio.open_nursery())
             housekeeping.start_soon(overlay._trim_gossip_state_forever)
             stack.callback(housekeeping.cancel_scope.cancel)
-            yield overlay
+            yield
 
     async def _quiesce(self) -> None:
         for protocol in list(self.pubsub.protocols):
@@ -423,3 +443,7 @@ class Overlay:
 
     def mesh_peers(self, topic: str) -> list[str]:
         return [str(p) for p in self.gossipsub.mesh.get(topic, ())]
+
+
+def _late_spawn(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and "closed to new arrivals" in str(exc)
