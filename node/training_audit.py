@@ -52,6 +52,7 @@ from node.run import TaskSource
 from node.runtime import Node
 from swarm.errors import MalformedError, NetworkError, PeerError, RequestTimeout, SwarmError
 from swarm.messages import (
+    GradientCommitment,
     RolloutSubmission,
     RunGenesis,
     SampleReceipt,
@@ -71,6 +72,17 @@ trainer's 1) gives the same bits on the embedded model and on a 512-wide one (er
 bench/train_audit.py), a tenfold learning rate is 9 updates away; no other CPU or GPU was at
 hand, so the bound is a stated margin (float32 reduction orders move a sum by about 1e-7
 relative), not a measured spread (docs/RELIABILITY.md, "Training audit")."""
+
+GRPO_NUMBERS = (
+    "learning_rate",
+    "clip_epsilon",
+    "clip_delta",
+    "entropy_coef",
+    "kl_coef",
+    "max_grad_norm",
+    "max_tokens",
+)
+"""The record's numbers that configure the replayed GRPO step."""
 
 STATE_TRIES = 4
 """State requests tried per chunk before the trainer counts as unreachable (no dispute)."""
@@ -148,7 +160,7 @@ class StepAuditor:
         if not isinstance(numbers, dict):
             return [Finding("wrong-params", "the record's config is not a map")]
         state = {"threads": numbers.get("threads"), "deterministic": numbers.get("deterministic")}
-        extra = {k: v for k, v in numbers.items() if k == "rollback_to"}
+        extra = {k: v for k, v in numbers.items() if k in ("rollback_to", "republished_from")}
         expected = json.loads(step_config(self.params, state, **extra))
         wrong = sorted(k for k in set(expected) | set(numbers) if expected.get(k) != numbers.get(k))
         out = []
@@ -228,15 +240,19 @@ class StepAuditor:
 
     # -- fetching the state ---------------------------------------------------------------------
 
-    async def fetch_state(self, trainer: str, version: int) -> tuple[Path, int]:
-        """The trainer's state file of ``version`` (raises ``SwarmError``, e.g. a version past
-        its retention window); returns its path and size."""
-        path = self.work / f"s{version}.safetensors"
+    async def fetch_state(
+        self, trainer: str, version: int, what: str = "state"
+    ) -> tuple[Path, int]:
+        """The trainer's state file of ``version`` (``what="gradient"``: a group member's
+        gradient for the step to ``version``); raises ``SwarmError``, e.g. a version past its
+        retention window. Returns its path and size."""
+        path = self.work / f"{what[0]}{version}-{trainer[-12:]}.safetensors"
         tmp = path.with_name(path.name + ".part")
         offset, size = 0, None
+        tail = ["gradient"] if what == "gradient" else []
         with tmp.open("wb") as f:
             while size is None or offset < size:
-                ask = msgpack.packb([version, offset, STATE_CHUNK], use_bin_type=True)
+                ask = msgpack.packb([version, offset, STATE_CHUNK, *tail], use_bin_type=True)
                 body = await self._ask(trainer, ask)
                 try:
                     answer = msgpack.unpackb(body, raw=False)
@@ -266,7 +282,10 @@ class StepAuditor:
 
     # -- the audit ------------------------------------------------------------------------------
 
-    async def audit(self, record: Signed[TrainingRecord]) -> StepAudit:
+    async def audit(self, record: Signed[TrainingRecord], pick: float | None = None) -> StepAudit:
+        """Audit one record. A round of several trainers replays the averaging and, with
+        ``pick`` (a draw in [0, 1)), the gradient of the one member it picks; without it, of
+        every member (``swarm-node audit --training``)."""
         r = record.message
         self._tidy(r.parent - self.params.async_level)
         out = StepAudit(r.version, "disputed")
@@ -274,10 +293,15 @@ class StepAuditor:
         numbers = json.loads(r.config) if not out.findings else {}
         if "rollback_to" in numbers:
             return self._not(out, f"a rollback to the weights of v{numbers['rollback_to']}")
-        if r.members:
-            return self._not(out, "trained by several trainers (members' gradients: not built)")
+        if "republished_from" in numbers:
+            why = f"a round's copy of v{numbers['republished_from']} republished by a member"
+            return self._not(out, why)
         if not r.state_before or not r.state_after:
             return self._not(out, "a sharded trainer's step (no state commitments)")
+        members: list[Signed[GradientCommitment]] = []
+        if r.members:
+            members, bad = self.members_of(record)
+            out.findings += bad
         # The weights first: a shard store keeps few versions, and the checks take a while.
         published = await self._copy_of(r.version)
         old: dict[str, str] = {}
@@ -296,36 +320,14 @@ class StepAuditor:
             return self._not(out, f"v{r.version} was never announced, or no peer serves it")
         if missing:
             return self._not(out, f"the weights of v{missing} are served by no peer")
-        try:
-            state, size = await self.fetch_state(record.signer, r.parent)
-        except SwarmError as exc:
-            newest = self.node.policy.version or r.version
-            if r.parent <= newest - self.params.train_state_keep:
-                return self._not(out, f"past the retention window: {exc}")
-            if not isinstance(exc, PeerError):  # unreachable, not refusing: no dispute
-                return self._not(out, f"the trainer did not answer for the state: {exc}")
-            # Inside the window the trainer must serve it: refusing is no way out of an audit.
-            out.findings.append(
-                Finding("state-mismatch", f"state of v{r.parent} not served: {exc}")
-            )
+        state = await self._state_or_finding(out, record.signer, r.parent)
+        if state is None:
             return out
-        out.fetched_bytes = size
         groups = [g for s, v in pairs for g in groups_of(s, v, self.params.group_size, self.suite)]
         args = {
             "model_dir": str(self.model_dir),
             "chat_template": self.chat_template,
-            "config": {
-                k: numbers[k]
-                for k in (
-                    "learning_rate",
-                    "clip_epsilon",
-                    "clip_delta",
-                    "entropy_coef",
-                    "kl_coef",
-                    "max_grad_norm",
-                    "max_tokens",
-                )
-            },
+            "config": {k: numbers[k] for k in GRPO_NUMBERS},
             "serve_dtype": numbers["serve_dtype"],
             "pad_id": model_info(self.model_dir).pad_id,
             "threads": int(numbers["threads"]) or 1,
@@ -336,6 +338,8 @@ class StepAuditor:
             "old": old,
             "published": str(published),
         }
+        if members:
+            return await self._audit_round(record, out, members, pairs, args, pick)
         started = time.perf_counter()
         got = await self._replay(args)
         if got["before"] != r.state_before:
@@ -381,11 +385,186 @@ class StepAuditor:
             out.outcome = "agreed" if exact else "agreed-within-tolerance"
         return out
 
+    async def _state_or_finding(
+        self, out: StepAudit, trainer: str, version: int, what: str = "state"
+    ) -> Path | None:
+        """A state (or gradient) fetched for the audit ``out``; None when it could not be, with
+        ``out`` saying why: not replayed (past the retention window, or unreachable), or a
+        ``state-mismatch`` (a refusal inside the window: refusing is no way out of an audit)."""
+        try:
+            path, size = await self.fetch_state(trainer, version, what)
+        except SwarmError as exc:
+            newest = self.node.policy.version or version
+            if version <= newest - self.params.train_state_keep:
+                self._not(out, f"past the retention window: {exc}")
+            elif not isinstance(exc, PeerError):  # unreachable, not refusing: no dispute
+                self._not(out, f"trainer {trainer[-8:]} did not answer for the {what}: {exc}")
+            else:
+                out.findings.append(
+                    Finding("state-mismatch", f"{what} of v{version} not served: {exc}")
+                )
+            return None
+        out.fetched_bytes += size
+        return path
+
+    def members_of(
+        self, record: Signed[TrainingRecord]
+    ) -> tuple[list[Signed[GradientCommitment]], list[Finding]]:
+        """The members' gradient commitments a round's record carries, each checked: signed by
+        a genesis trainer, once, for this run, version and seed; together they cite exactly
+        the record's verdicts, member after member."""
+        r = record.message
+        out: list[Signed[GradientCommitment]] = []
+        cited: list[tuple[bytes, int]] = []
+        for index, raw in enumerate(r.members):
+            try:
+                c = decode(raw, GradientCommitment)
+            except SwarmError as exc:
+                return [], [Finding("member-mismatch", f"member commitment {index}: {exc}")]
+            m = c.message
+            who = c.signer[-8:]
+            if c.signer not in self.genesis.message.trainers:
+                why = f"is signed by {who}, no genesis trainer"
+            elif any(c.signer == o.signer for o in out):
+                why = f"repeats member {who}"
+            elif (m.run_id, m.version, m.seed) != (r.run_id, r.version, r.seed):
+                why = f"of {who} is for v{m.version} with seed {m.seed}, not this round's"
+            else:
+                out.append(c)
+                cited += zip(m.verdicts, m.sample_versions, strict=True)
+                continue
+            return [], [Finding("member-mismatch", f"member commitment {index} {why}", (c.id,))]
+        if cited != list(zip(r.verdicts, r.sample_versions, strict=True)):
+            return [], [
+                Finding("member-mismatch", "the members' citations are not the record's verdicts")
+            ]
+        return out, []
+
+    async def _audit_round(
+        self,
+        record: Signed[TrainingRecord],
+        out: StepAudit,
+        members: list[Signed[GradientCommitment]],
+        pairs: list[tuple[Signed[RolloutSubmission], Signed[Verdict]]],
+        args: dict[str, Any],
+        pick: float | None,
+    ) -> StepAudit:
+        """A round of several trainers: the averaging replayed from every member's committed
+        gradient (checked against its commitment) must give the publisher's state after within
+        ``UPDATE_TOLERANCE`` (hivemind's all-reduce sums in another order than a replay), and
+        the picked members' gradients must replay from their samples."""
+        r = record.message
+        started = time.perf_counter()
+        grads: list[Path] = []
+        for c in members:
+            path = await self._state_or_finding(out, c.signer, r.version, "gradient")
+            if path is None:
+                return out
+            grads.append(path)
+        after = await self._state_or_finding(out, record.signer, r.version)
+        if after is None:
+            return out
+        got = await self._call(
+            "average",
+            {
+                **args,
+                "members": [
+                    {"path": str(p), "samples": c.message.samples}
+                    for p, c in zip(grads, members, strict=True)
+                ],
+                "after": str(after),
+            },
+        )
+        out.update_error = got["update_error"]
+        for digest, c in zip(got["gradients"], members, strict=True):
+            if digest != c.message.gradient:
+                out.findings.append(
+                    Finding(
+                        "member-mismatch",
+                        f"member {c.signer[-8:]} served a gradient that is not its commitment",
+                        (c.id,),
+                    )
+                )
+        if got["before"] != r.state_before or got["their_after"] != r.state_after:
+            out.findings.append(
+                Finding(
+                    "state-mismatch",
+                    f"the served states of v{r.parent}..v{r.version} are not the record's",
+                )
+            )
+        elif got["update_error"] > UPDATE_TOLERANCE:
+            out.findings.append(
+                Finding(
+                    "replay-mismatch",
+                    f"the members' averaged gradient steps {got['update_error']:.3g} of an"
+                    f" update away from the record's state (tolerance {UPDATE_TOLERANCE:g})",
+                )
+            )
+        if got["published"] != r.weights or got["their_weights"] != r.weights:
+            out.findings.append(
+                Finding(
+                    "weights-mismatch",
+                    f"the published weights of v{r.version} are not the step's result served",
+                )
+            )
+        if out.findings:
+            return out
+        exact = True
+        rows = 0
+        for index, c in enumerate(members):
+            m = c.message
+            mine, rows = pairs[rows : rows + len(m.verdicts)], rows + len(m.verdicts)
+            if pick is not None and index != min(int(pick * len(members)), len(members) - 1):
+                continue
+            state = await self._state_or_finding(out, c.signer, r.parent)
+            if state is None:
+                return out
+            groups = [
+                g for s, v in mine for g in groups_of(s, v, self.params.group_size, self.suite)
+            ]
+            theirs = grads[index]
+            replayed = await self._call(
+                "gradient",
+                {
+                    **args,
+                    "groups": [g.to_wire() for g in groups],
+                    "state": str(state),
+                    "seed": m.seed,
+                    "threads": m.threads or 1,
+                    "theirs": str(theirs),
+                },
+            )
+            who = c.signer[-8:]
+            if replayed["before"] != m.state_before:
+                out.findings.append(
+                    Finding(
+                        "state-mismatch",
+                        f"member {who}'s served state of v{r.parent} is not its commitment",
+                        (c.id,),
+                    )
+                )
+            elif replayed["gradient"] != m.gradient:
+                exact = False
+                if replayed["error"] > UPDATE_TOLERANCE:
+                    out.findings.append(
+                        Finding(
+                            "member-mismatch",
+                            f"member {who}'s gradient does not replay from its samples: it is"
+                            f" {replayed['error']:.3g} of its norm away (tolerance"
+                            f" {UPDATE_TOLERANCE:g})",
+                            (c.id,),
+                        )
+                    )
+        out.replay_seconds = time.perf_counter() - started
+        if not out.findings:
+            out.outcome = "agreed" if exact else "agreed-within-tolerance"
+        return out
+
     def _tidy(self, oldest: int) -> None:
         """Drop the copies and states of versions below ``oldest`` (no later audit needs them)."""
         for path in self.work.iterdir():
-            name = path.name.split(".")[0]
-            if name[:1] in "vs" and name[1:].isdigit() and int(name[1:]) < oldest:
+            name = path.name.split(".")[0].split("-")[0]
+            if name[:1] in "vsg" and name[1:].isdigit() and int(name[1:]) < oldest:
                 if path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
                 else:
@@ -415,10 +594,14 @@ class StepAuditor:
         return out
 
     async def _replay(self, args: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("replay", args)
+
+    async def _call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        """One request to the replay child (``replay``, ``gradient`` or ``average``)."""
         if self.child is None:
             self.child = await trio.to_thread.run_sync(ReplayChild)
         child = self.child
-        result: dict[str, Any] = await trio.to_thread.run_sync(child.replay, args)
+        result: dict[str, Any] = await trio.to_thread.run_sync(getattr(child, op), args)
         return result
 
 

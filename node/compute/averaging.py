@@ -81,6 +81,8 @@ class RoundResult:
     void: bool = False
     seconds: float = 0.0
     bytes_averaged: int = 0
+    commitments: dict[str, bytes] = field(default_factory=dict)
+    """Each member's signed gradient commitment, by peer id (members that sent none: absent)."""
 
 
 @dataclass
@@ -210,8 +212,12 @@ class TrainerGroup:
     def lost(self, version: int) -> bool:
         return self._get(f"{self.prefix}/lost/{version}") is not None
 
-    def average(self, grads: list[torch.Tensor], samples: int, version: int) -> RoundResult:
-        """Replace ``grads`` by the group's sample-weighted mean (``RoundFailed`` on failure)."""
+    def average(
+        self, grads: list[torch.Tensor], samples: int, version: int, commitment: bytes = b""
+    ) -> RoundResult:
+        """Replace ``grads`` by the group's sample-weighted mean (``RoundFailed`` on failure).
+        ``commitment`` (this member's signed ``GradientCommitment``) is gathered with the round:
+        every member ends with every member's (``RoundResult.commitments``)."""
         self.version = version
         started = time.perf_counter()
         self._started = {version: get_dht_time()}
@@ -220,6 +226,7 @@ class TrainerGroup:
         if set(self.live()) == {self.peer}:
             # Alone: nothing to average with (a peer that died has left the live set).
             result = RoundResult([self.peer], samples, self.peer)
+            result.commitments = {self.peer: commitment} if commitment else {}
             self.stats.samples_contributed += samples
             self.stats.last_members, self.stats.last_publisher = [self.peer], self.peer
             return result
@@ -233,6 +240,7 @@ class TrainerGroup:
                     "version": version,
                     "samples": samples,
                     "joined": self.joined,
+                    "commitment": commitment,
                 },
                 weight=float(samples),
                 timeout=AVERAGING_TIMEOUT_S,
@@ -263,6 +271,9 @@ class TrainerGroup:
             members, total, publisher_of(infos), seconds=time.perf_counter() - started
         )
         result.bytes_averaged = self.tensor_bytes * (len(members) > 1)
+        result.commitments = {
+            str(i["peer"]): bytes(i["commitment"]) for i in infos if i.get("commitment")
+        }
         if result.publisher == self.peer:
             outsiders = set(self.wanted(version)) - set(members)
             if outsiders:

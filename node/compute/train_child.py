@@ -69,9 +69,16 @@ class TrainerChild(FramedChild):
             remove_stale_sockets()
 
     def step(
-        self, groups: list[Group], version: int, seed: int = 0, cheat: str | None = None
+        self,
+        groups: list[Group],
+        version: int,
+        seed: int = 0,
+        cheat: str | None = None,
+        cited: list[tuple[bytes, int]] | None = None,
     ) -> dict[str, Any]:
-        """One step; ``{"failed": why}`` when the averaging round failed (nothing changed)."""
+        """One step; ``{"failed": why}`` when the averaging round failed (nothing changed).
+        ``cited`` (a group member: the verdicts of its samples, with their versions) goes into
+        the member's signed gradient commitment."""
         out: dict[str, Any] = self._call(
             "step",
             {
@@ -79,6 +86,7 @@ class TrainerChild(FramedChild):
                 "version": version,
                 "seed": seed,
                 "cheat": cheat,
+                "cited": [list(c) for c in cited or []],
             },
         )
         if "stats" in out:
@@ -146,6 +154,14 @@ class ReplayChild(FramedChild):
 
     def replay(self, args: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = self._call("replay", args)
+        return out
+
+    def gradient(self, args: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = self._call("gradient", args)
+        return out
+
+    def average(self, args: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = self._call("average", args)
         return out
 
 
@@ -231,6 +247,8 @@ class _Training:
         self.threads = torch.get_num_threads()
         torch.use_deterministic_algorithms(True)
         self.group: Any = None
+        self.key: Any = None
+        self.run_id = ""
         self.serve_dtype = str(args.get("serve_dtype") or "float32")
         torch_dtype(self.serve_dtype)  # a ConfigError before anything is loaded
         device = str(args.get("device") or "cpu")
@@ -249,6 +267,11 @@ class _Training:
             self.group = TrainerGroup(
                 g["peer"], g["run_id"], g["host"], list(model.parameters()), int(g["trainers"])
             )
+            if g.get("key"):  # the member signs its gradient commitments here, where it computes
+                from swarm.identity import NodeKey
+
+                self.key = NodeKey.from_seed(bytes(g["key"]))
+                self.run_id = str(g["run_id"])
         self.grpo: Any
         if nproc > 1:
             from node.compute.ranks import RankGroup
@@ -326,12 +349,47 @@ class _Training:
         held = sorted(int(f.stem[1:]) for f in self.states.glob("s*.safetensors"))
         for old in held[: -self.state_keep]:
             (self.states / f"s{old}.safetensors").unlink(missing_ok=True)
+        floor = held[-self.state_keep :][0] if held else 0
+        for grad in self.states.glob("g*.safetensors"):  # kept while its state before is
+            if grad.stem[1:].isdigit() and int(grad.stem[1:]) <= floor:
+                grad.unlink(missing_ok=True)
+
+    def _commit(
+        self, grads: list[Any], samples: int, version: int, seed: int, cited: list[Any]
+    ) -> bytes:
+        """A group member's signed commitment of its own gradient for the step from
+        ``version`` (before averaging), its file kept beside the states (``g<N>``) to be
+        served to auditors; b"" where nothing is committed (no states, no key)."""
+        if self.states is None or self.key is None:
+            return b""
+        from node.compute.train_state import digest, gradient_of, write_state
+        from swarm.messages import GradientCommitment, sign
+
+        named = gradient_of(self.grpo.model, grads)
+        write_state(self.states / f"g{version + 1}.safetensors", named, version + 1)
+        commitment = GradientCommitment(
+            run_id=self.run_id,
+            version=version + 1,
+            samples=samples,
+            verdicts=tuple(bytes(v) for v, _ in cited),
+            sample_versions=tuple(int(sv) for _, sv in cited),
+            seed=seed,
+            threads=self.threads,
+            state_before=self.state_digest,
+            gradient=digest(named),
+            created_at=int(time.time() * 1000),
+        )
+        return sign(commitment, self.key).raw
 
     def serve(self, op: str, args: dict[str, Any]) -> Any:
         if op == "step":
             groups = tokenize_prompts([Group.from_wire(g) for g in args["groups"]], self.text)
             return self.step(
-                groups, int(args["version"]), int(args.get("seed") or 0), args.get("cheat")
+                groups,
+                int(args["version"]),
+                int(args.get("seed") or 0),
+                args.get("cheat"),
+                list(args.get("cited") or []),
             )
         if op == "load":
             import torch
@@ -395,7 +453,12 @@ class _Training:
         raise EngineError(f"unknown trainer request {op!r}")
 
     def step(
-        self, groups: list[Group], version: int, seed: int = 0, cheat: str | None = None
+        self,
+        groups: list[Group],
+        version: int,
+        seed: int = 0,
+        cheat: str | None = None,
+        cited: list[Any] | None = None,
     ) -> dict[str, Any]:
         if version != self.grpo.version:
             raise EngineError(f"step from v{version} asked of a child at v{self.grpo.version}")
@@ -406,7 +469,11 @@ class _Training:
 
             def average(grads: list[Any], samples: int) -> int:
                 nonlocal round_info
-                result = group.average(grads, samples, version)
+                if cheat == "forge-gradient":  # tests only: a gradient its samples never gave
+                    for grad in grads:
+                        grad.neg_()
+                commitment = self._commit(grads, samples, version, seed, cited or [])
+                result = group.average(grads, samples, version, commitment)
                 round_info = asdict(result)
                 return int(result.group_samples)
 
@@ -511,10 +578,15 @@ def main() -> None:
                     ).start()
                     addrs = training.group.addrs() if training.group is not None else []
                     result: Any = {"version": training.grpo.version, "hivemind_addrs": addrs}
-                elif op == "replay":  # an auditor's child: no training of its own
-                    from node.compute.train_state import replay
+                elif op in ("replay", "gradient", "average"):  # an auditor's child
+                    from node.compute import train_state
 
-                    result = replay(args)
+                    replays = {
+                        "replay": train_state.replay,
+                        "gradient": train_state.member_gradient,
+                        "average": train_state.replay_average,
+                    }
+                    result = replays[op](args)
                 elif training is None:
                     raise EngineError("trainer child got a request before init")
                 else:

@@ -111,6 +111,16 @@ def _param_names(model: Any) -> dict[int, str]:
     return names
 
 
+def gradient_of(model: Any, grads: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A gradient (one tensor per parameter, ``model.parameters()`` order) by parameter name,
+    ``g/<name>``: the form a group member commits to and serves (``node.training_audit``)."""
+    names = _param_names(model)
+    return {
+        f"g/{names[id(p)]}": g.detach().to("cpu")
+        for p, g in zip(model.parameters(), grads, strict=True)
+    }
+
+
 def write_state(path: Path, state: Mapping[str, torch.Tensor], version: int) -> None:
     from safetensors.torch import save_file
 
@@ -160,6 +170,51 @@ def update_error(
     return float(math.sqrt(num) / max(math.sqrt(den), 1e-30))
 
 
+class _Setup:
+    """A replay's trainer at the state before a step (``replay`` and ``member_gradient``)."""
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        import time
+
+        from node.compute.groups import Group
+        from node.compute.grpo import GRPOConfig, GRPOTrainer
+        from node.compute.train_child import tied_copies, tokenize_prompts
+        from node.model import load_causal_lm
+        from node.model.loading import read_weights
+        from node.model.text import ModelText
+
+        self.started = time.perf_counter()
+        self.model = load_causal_lm(Path(args["model_dir"]), dtype="float32", device="cpu")
+        self.tied = tied_copies(self.model)
+        parent = int(args["parent"])
+        old = {int(v): str(p) for v, p in dict(args.get("old") or {}).items()}
+        self.trainer = GRPOTrainer(
+            self.model,
+            GRPOConfig(**args["config"]),
+            version=parent,
+            keep_versions=len(old) + 1,
+            pad_id=int(args["pad_id"]),
+            serve_dtype=str(args["serve_dtype"]),
+        )
+        self.state = read_state(Path(args["state"]))
+        self.before = digest(self.state)
+        load_state(self.model, self.trainer.optimizer, self.state, self.tied)
+        snapshots = {parent: self.trainer._cpu_state()}
+        for version, path in old.items():
+            weights = read_weights(path)
+            for copy, stored in self.tied.items():
+                if copy not in weights and stored in weights:
+                    weights[copy] = weights[stored]
+            snapshots[version] = {
+                k: v.float() if v.is_floating_point() else v for k, v in weights.items()
+            }
+        self.trainer._snapshots = snapshots
+        text = ModelText(args["model_dir"], chat_template=bool(args.get("chat_template")))
+        self.groups = tokenize_prompts([Group.from_wire(g) for g in args["groups"]], text)
+        self.loaded = time.perf_counter()
+        deterministic(int(args["threads"]), int(args["seed"]))
+
+
 def replay(args: Mapping[str, Any]) -> dict[str, Any]:
     """Replay one step (the replay child's ``replay`` request; ``node.training_audit``).
 
@@ -173,64 +228,122 @@ def replay(args: Mapping[str, Any]) -> dict[str, Any]:
     published file, and the update's relative error of the trainer's state after."""
     import time
 
-    from node.compute.groups import Group
-    from node.compute.grpo import GRPOConfig, GRPOTrainer, served_weights
-    from node.compute.train_child import tied_copies, tokenize_prompts
-    from node.model import load_causal_lm
-    from node.model.loading import read_weights
-    from node.model.text import ModelText
+    from node.compute.grpo import served_weights
 
-    started = time.perf_counter()
-    model = load_causal_lm(Path(args["model_dir"]), dtype="float32", device="cpu")
-    tied = tied_copies(model)
-    parent = int(args["parent"])
-    old = {int(v): str(p) for v, p in dict(args.get("old") or {}).items()}
-    trainer = GRPOTrainer(
-        model,
-        GRPOConfig(**args["config"]),
-        version=parent,
-        keep_versions=len(old) + 1,
-        pad_id=int(args["pad_id"]),
-        serve_dtype=str(args["serve_dtype"]),
-    )
-    state = read_state(Path(args["state"]))
-    before_digest = digest(state)
-    load_state(model, trainer.optimizer, state, tied)
-    snapshots = {parent: trainer._cpu_state()}
-    for version, path in old.items():
-        weights = read_weights(path)
-        for copy, stored in tied.items():
-            if copy not in weights and stored in weights:
-                weights[copy] = weights[stored]
-        snapshots[version] = {
-            k: v.float() if v.is_floating_point() else v for k, v in weights.items()
-        }
-    trainer._snapshots = snapshots
-    text = ModelText(args["model_dir"], chat_template=bool(args.get("chat_template")))
-    groups = tokenize_prompts([Group.from_wire(g) for g in args["groups"]], text)
-    loaded = time.perf_counter()
-    deterministic(int(args["threads"]), int(args["seed"]))
-    stats = trainer.step(groups)
+    run = _Setup(args)
+    stats = run.trainer.step(run.groups)
     stepped = time.perf_counter()
-    after = state_of(model, trainer.optimizer, tied)
+    after = state_of(run.model, run.trainer.optimizer, run.tied)
     served = served_weights(
         {k[2:]: v for k, v in after.items() if k.startswith("w/")}, str(args["serve_dtype"])
     )
     out: dict[str, Any] = {
-        "before": before_digest,
+        "before": run.before,
         "after": digest(after),
         "weights": digest(served),
         "published": None,
         "update_error": None,
-        "load_seconds": loaded - started,
-        "step_seconds": stepped - loaded,
+        "load_seconds": run.loaded - run.started,
+        "step_seconds": stepped - run.loaded,
         "kept_groups": stats.kept_groups,
     }
     if args.get("published"):
-        published = read_weights(str(args["published"]))
-        out["published"] = digest({k: v for k, v in published.items() if k not in tied})
+        out["published"] = _published_digest(Path(args["published"]), run.tied)
     if args.get("after"):
         theirs = read_state(Path(args["after"]))
         out["their_after"] = digest(theirs)
-        out["update_error"] = update_error(after, theirs, state)
+        out["update_error"] = update_error(after, theirs, run.state)
     return out
+
+
+def _published_digest(path: Path, tied: Mapping[str, str]) -> bytes:
+    from node.model.loading import read_weights
+
+    published = read_weights(str(path))
+    return digest({k: v for k, v in published.items() if k not in tied})
+
+
+def member_gradient(args: Mapping[str, Any]) -> dict[str, Any]:
+    """Replay one group member's gradient (the replay child's ``gradient`` request): ``args``
+    as ``replay``'s, the state being the member's own before the step, and optionally
+    ``theirs`` (the gradient file the member served). Answers the commitments of the state and
+    of the replayed gradient, and its relative error against ``theirs`` (0: the same bits)."""
+    import time
+
+    run = _Setup(args)
+    captured: dict[str, torch.Tensor] = {}
+
+    def capture(grads: list[torch.Tensor], samples: int) -> int:
+        captured.update({k: v.clone() for k, v in gradient_of(run.model, grads).items()})
+        return samples  # the step goes on; only the gradient before averaging is answered
+
+    run.trainer.step(run.groups, capture)
+    out: dict[str, Any] = {
+        "before": run.before,
+        "gradient": digest(captured),
+        "error": None,
+        "step_seconds": time.perf_counter() - run.loaded,
+    }
+    if args.get("theirs"):
+        out["error"] = relative_error(captured, read_state(Path(args["theirs"])))
+    return out
+
+
+def relative_error(mine: Mapping[str, torch.Tensor], theirs: Mapping[str, torch.Tensor]) -> float:
+    """``|theirs - mine| / |mine|`` over all tensors (a name missing on one side: infinite)."""
+    if set(mine) != set(theirs):
+        return float("inf")
+    num = sum(float((theirs[k].float() - mine[k].float()).pow(2).sum()) for k in mine)
+    den = sum(float(mine[k].float().pow(2).sum()) for k in mine)
+    return (num**0.5) / (den**0.5) if den else (0.0 if num == 0 else float("inf"))
+
+
+def replay_average(args: Mapping[str, Any]) -> dict[str, Any]:
+    """Replay a group round's averaging and the publisher's optimizer step (the replay child's
+    ``average`` request) from the members' committed gradients.
+
+    ``args``: ``model_dir``, ``config``, ``serve_dtype``, ``state`` (the publisher's state
+    before), ``members`` ([{path, samples}], the gradient files the members served), ``after``
+    (the publisher's own state after) and ``published`` (the version's published weights).
+    The optimizer steps on the sample-weighted mean of the gradients, clipped as the trainer
+    clips it (no step when no member had samples). Answers the commitment of each gradient file,
+    of the state before, of the publisher's state after and of it served, of the published
+    file, and the update's relative error of the publisher's state after against the replay
+    (hivemind's all-reduce sums in its own order, so it is a tolerance, not bits)."""
+    from node.compute.grpo import GRPOConfig, GRPOTrainer, served_weights
+    from node.compute.train_child import tied_copies
+    from node.model import load_causal_lm
+
+    model = load_causal_lm(Path(args["model_dir"]), dtype="float32", device="cpu")
+    tied = tied_copies(model)
+    config = GRPOConfig(**args["config"])
+    trainer = GRPOTrainer(model, config, serve_dtype=str(args["serve_dtype"]))
+    state = read_state(Path(args["state"]))
+    load_state(model, trainer.optimizer, state, tied)
+    members = [(read_state(Path(m["path"])), int(m["samples"])) for m in args["members"]]
+    total = sum(w for _, w in members)
+    names = _param_names(model)
+    if total > 0:
+        for param in model.parameters():
+            key = f"g/{names[id(param)]}"
+            mean = torch.zeros_like(param)
+            for grads, weight in members:
+                if key not in grads or grads[key].shape != param.shape:
+                    raise StorageError(f"a member's gradient file has no tensor {key}")
+                mean += grads[key].float() * weight
+            param.grad = mean / total
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        trainer.optimizer.step()
+    after = state_of(model, trainer.optimizer, tied)
+    theirs = read_state(Path(args["after"]))
+    served = served_weights(
+        {k[2:]: v for k, v in theirs.items() if k.startswith("w/")}, str(args["serve_dtype"])
+    )
+    return {
+        "gradients": [digest(grads) for grads, _ in members],
+        "before": digest(state),
+        "their_after": digest(theirs),
+        "their_weights": digest(served),
+        "published": _published_digest(Path(args["published"]), tied),
+        "update_error": update_error(after, theirs, state),
+    }

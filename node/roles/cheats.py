@@ -89,7 +89,13 @@ def rogue_by_name(name: str) -> Rogue:
         raise ConfigError(f"unknown validator cheat {name!r}; one of {', '.join(ROGUES)}") from None
 
 
-TRAINER_CHEATS = ("unaccepted-sample", "drop-worker", "learning-rate", "perturb-weights")
+TRAINER_CHEATS = (
+    "unaccepted-sample",
+    "drop-worker",
+    "learning-rate",
+    "perturb-weights",
+    "forge-gradient",
+)
 """A rogue trainer's edits of its own steps (tests only); the training audit must catch each
 with a ``training-dispute`` (tests/integration/test_training_audit.py):
 
@@ -97,7 +103,10 @@ with a ``training-dispute`` (tests/integration/test_training_audit.py):
 - ``drop-worker``: leave the first worker seen out of the step (its receipted work waits while
   later work trains);
 - ``learning-rate``: step with ten times the genesis's learning rate;
-- ``perturb-weights``: publish weights a little off the step's result."""
+- ``perturb-weights``: publish weights a little off the step's result;
+- ``forge-gradient`` (a member of several trainers): send the group the negated gradient of its
+  samples, and commit to it (tests/integration/test_trainer_averaging.py and
+  tests/system/test_trainer_group.py)."""
 
 
 @dataclasses.dataclass(frozen=True)

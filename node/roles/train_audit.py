@@ -115,7 +115,9 @@ class TrainingAudits:
             return
         with trio.move_on_after(RECORD_WAIT_S):
             await self.node.policy.wait_for(r.version)
-        result = await self.auditor.audit(record)
+        # Of several trainers' round, one member's gradient is replayed: the draw picks it.
+        pick = audit_draw(self.node.key.signature(AUDIT_DRAW_KIND, record.id) + b"member")
+        result = await self.auditor.audit(record, pick)
         self.replayed += result.outcome != "not-replayed"
         await self._settle(record, result)
 

@@ -166,6 +166,8 @@ class Trainer:
                 "run_id": self.node.run_id,
                 "host": "127.0.0.1" if host == "0.0.0.0" else host,
                 "trainers": len(self.trainers),
+                # The child signs this member's gradient commitments (over its own pipe).
+                "key": self.node.key.seed,
             }
         return TrainerChild(
             {

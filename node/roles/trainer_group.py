@@ -40,7 +40,7 @@ from node.compute.groups import Group, StepStats
 from node.compute.train_child import TrainerChild
 from node.roles.trainer_stats import GroupStatus
 from swarm.errors import SwarmError
-from swarm.messages.training import MemberCommitment
+from swarm.messages import GradientCommitment, decode, train_seed
 
 if TYPE_CHECKING:
     from node.roles.trainer import Trainer
@@ -67,6 +67,8 @@ class GroupRounds:
         self._unfetched_since: dict[int, float] = {}
         self._state: dict[str, Any] = {}
         """The training child's commitments of the round being published."""
+        self._commitments: list[bytes] = []
+        """The members' signed gradient commitments of that round, in member order."""
 
     @property
     def child(self) -> TrainerChild:
@@ -229,7 +231,12 @@ class GroupRounds:
         step = t.version
         batch = t.queue.take(step, share, min_version)
         groups = [g for _, gs in batch for g in gs]
-        out = await self._sync(child.step, groups, step)
+        cheat = t.cheat.at(step) if t.cheat is not None else None
+        seed = train_seed(t.node.run_id, step + 1)
+        cited = t.queue.cited_by(step)
+        out = await trio.to_thread.run_sync(
+            lambda: child.step(groups, step, seed, cheat, cited=cited)
+        )
         try:
             await self._finish_round(step, groups, out)
         finally:
@@ -258,6 +265,7 @@ class GroupRounds:
             await self._undo(step)
             return
         self._state = out.get("state") or {}
+        self._commitments = [rnd["commitments"][m] for m in members if m in rnd["commitments"]]
         published = await self._publish_round(step, members, rnd["publisher"])
         if not published:
             await self._undo(step)
@@ -329,18 +337,34 @@ class GroupRounds:
         return me
 
     async def _record(self, step: int, version: int, members: list[str]) -> None:
-        """The round's training record, signed by its publisher: the members are named (their
-        gradient commitments are not built yet, so an audit reports it not replayed), the
-        citations are this member's own samples of the round."""
+        """The round's training record, signed by its publisher: it carries every member's
+        signed gradient commitment (gathered with the round) and cites their samples, member
+        after member; its states are the publisher's own. A version republished under another
+        number (``_republish``) is recorded without them: the commitments name the round's
+        version, so an audit reports it not replayed."""
         t = self.t
         min_version = max(0, step - t.params.async_level, t.window_floor)
+        if version != step + 1:
+            await t.log.publish_record(
+                t.params,
+                parent=version - 1,
+                min_version=min(min_version, version - 1),
+                cited=t.queue.cited_by(step),
+                state=self._state,
+                republished_from=step + 1,
+            )
+            return
+        cited: list[tuple[bytes, int]] = []
+        for raw in self._commitments:
+            c = decode(raw, GradientCommitment).message
+            cited += zip(c.verdicts, c.sample_versions, strict=True)
         await t.log.publish_record(
             t.params,
-            parent=version - 1,
-            min_version=min(min_version, version - 1),
-            cited=t.queue.cited_by(step),
+            parent=step,
+            min_version=min(min_version, step),
+            cited=cited if self._commitments else t.queue.cited_by(step),
             state=self._state,
-            members=[MemberCommitment(m, 0, b"") for m in members],
+            members=self._commitments,
         )
 
     async def _republish(self, step: int, members: list[str], version: int) -> str:

@@ -44,7 +44,6 @@ from swarm.messages import (
     Verdict,
     sign,
 )
-from swarm.messages.training import MemberCommitment
 from swarm.net import StreamLimits
 from swarm.net.records import wall_clock_ms
 
@@ -139,7 +138,7 @@ class TrainingLog:
         min_version: int,
         cited: Sequence[tuple[bytes, int]],
         state: dict[str, Any],
-        members: Sequence[MemberCommitment] = (),
+        members: Sequence[bytes] = (),
         **extra: Any,
     ) -> Signed[TrainingRecord]:
         """Sign the record of the step ``parent -> parent + 1``, keep it and gossip it."""
@@ -174,15 +173,25 @@ class TrainingLog:
         return sorted(int(p.stem[1:]) for p in self.states.glob("s*.safetensors"))
 
     async def serve_state(self, peer: str, body: bytes) -> bytes:
+        """A byte range of the training state of a version (``[version, offset, length]``) or,
+        for a member of several trainers, of its gradient for the step to a version
+        (``[version, offset, length, "gradient"]``)."""
         try:
-            version, offset, length = msgpack.unpackb(body, raw=False)
+            version, offset, length, *what = msgpack.unpackb(body, raw=False)
             if not all(type(x) is int and x >= 0 for x in (version, offset, length)):
                 raise TypeError("not three non-negative integers")
+            if what not in ([], ["gradient"]):
+                raise TypeError(f"{what[0]!r} is not 'gradient'")
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise MalformedError(
-                f"a train-state request is [version, offset, length]: {exc}"
+                f"a train-state request is [version, offset, length(, 'gradient')]: {exc}"
             ) from exc
-        path = self.states / f"s{version}.safetensors"
+        if what:
+            return self._range(self.states / f"g{version}.safetensors", offset, length, "gradient")
+        return self._range(self.states / f"s{version}.safetensors", offset, length, "state")
+
+    def _range(self, path: Path, offset: int, length: int, what: str) -> bytes:
+        version = path.stem[1:]
         try:
             with path.open("rb") as f:
                 size = f.seek(0, 2)
@@ -192,11 +201,11 @@ class TrainingLog:
             held = self.held_states()
             window = f"{held[0]}..{held[-1]}" if held else "none"
             raise StorageError(
-                f"the training state of v{version} is not held: past the trainer's retention"
-                f" window (it holds v{window})"
+                f"the training {what} of v{version} is not held: past the trainer's retention"
+                f" window (it holds the states of v{window})"
             ) from None
         except OSError as exc:
-            raise StorageError(f"training state of v{version}: {exc.strerror}") from exc
+            raise StorageError(f"training {what} of v{version}: {exc.strerror}") from exc
         return bytes(msgpack.packb({"size": size, "data": data}, use_bin_type=True))
 
     def status(self) -> dict[str, Any]:

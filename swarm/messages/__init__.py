@@ -22,6 +22,7 @@ from swarm.messages.run import (
 )
 from swarm.messages.shards import ShardFile, ShardManifest
 from swarm.messages.training import (
+    GradientCommitment,
     SampleReceipt,
     TrainingDispute,
     TrainingRecord,
@@ -42,6 +43,7 @@ MESSAGE_TYPES: Final[tuple[type[Any], ...]] = (
     TrainingRecord,
     SampleReceipt,
     TrainingDispute,
+    GradientCommitment,
 )
 KINDS: Final[dict[str, type[Any]]] = {cls.KIND: cls for cls in MESSAGE_TYPES}
 LIMITS: Final[dict[str, int]] = {cls.KIND: cls.MAX_BYTES for cls in MESSAGE_TYPES}
@@ -63,6 +65,7 @@ __all__ = [
     "Evaluation",
     "Fields",
     "FileRef",
+    "GradientCommitment",
     "LedgerEvent",
     "Message",
     "ModelSpec",

@@ -34,7 +34,10 @@ from swarm.messages._base import Fields, typed
 
 MAX_RECORD_SAMPLES = 1024
 """Verdicts one record may cite (one per submission the step trained on)."""
-MAX_MEMBERS = 64
+MAX_MEMBERS = 16
+"""Members whose gradient commitments one record carries."""
+MAX_MEMBER_SAMPLES = 256
+"""Verdicts one member's gradient commitment may cite."""
 DISPUTE_REASONS = (
     "no-record",  # a version announced without a training record
     "unknown-verdict",  # a cited verdict that no validator holds
@@ -88,20 +91,66 @@ def _id32(what: str) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class MemberCommitment:
-    """Several trainers: one member's part in a round (its peer id, the samples it trained on,
-    and the sha256 of its own gradient before averaging)."""
+class GradientCommitment:
+    """Several trainers: signed by one member of the round that produced ``version``, in its
+    training child, before the averaging: the samples it trained on (cited verdicts in training
+    order, each with its sample version), the sample count that weighs its gradient in the
+    group's mean, the seed and thread count of its step, and sha256 commitments to its own
+    training state before the step and to its own gradient (float32, per parameter name, before
+    averaging; ``node.compute.train_state.digest``). The publisher's ``TrainingRecord`` carries
+    every member's commitment, so an audit can replay one member's gradient from its samples and
+    the averaging from the committed gradients (``node.training_audit``)."""
 
-    peer: str
+    KIND: ClassVar[str] = "gradient-commitment"
+    MAX_BYTES: ClassVar[int] = 24 * 1024
+
+    run_id: str
+    version: int
     samples: int
+    verdicts: tuple[bytes, ...]
+    sample_versions: tuple[int, ...]
+    seed: int
+    threads: int
+    state_before: bytes
     gradient: bytes
+    created_at: int
+
+    def __post_init__(self) -> None:
+        if len(self.verdicts) > MAX_MEMBER_SAMPLES:
+            raise MalformedError(
+                f"a gradient commitment cites at most {MAX_MEMBER_SAMPLES} verdicts"
+            )
+        if len(self.sample_versions) != len(self.verdicts):
+            raise MalformedError("a gradient commitment gives one sample version per verdict")
 
     def to_wire(self) -> dict[str, Any]:
-        return {"peer": self.peer, "samples": self.samples, "gradient": self.gradient}
+        return {
+            "run_id": self.run_id,
+            "version": self.version,
+            "samples": self.samples,
+            "verdicts": list(self.verdicts),
+            "sample_versions": list(self.sample_versions),
+            "seed": self.seed,
+            "threads": self.threads,
+            "state_before": self.state_before,
+            "gradient": self.gradient,
+            "created_at": self.created_at,
+        }
 
     @classmethod
     def from_wire(cls, f: Fields) -> Self:
-        return cls(f.text("peer"), f.integer("samples", minimum=0), f.blob("gradient"))
+        return cls(
+            run_id=f.text("run_id"),
+            version=f.integer("version", minimum=1),
+            samples=f.integer("samples", minimum=0),
+            verdicts=f.seq("verdicts", _id32("verdicts")),
+            sample_versions=f.seq("sample_versions", typed(int, "sample_versions")),
+            seed=f.integer("seed", minimum=0),
+            threads=f.integer("threads", minimum=0),
+            state_before=f.blob("state_before"),
+            gradient=f.blob("gradient"),
+            created_at=f.integer("created_at", minimum=0),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +162,12 @@ class TrainingRecord:
     each cited verdict, the policy version that made its sample (its async offset is
     ``parent - sample_version``); ``min_version`` is the window's floor. ``state_before`` and
     ``state_after`` commit to the training state (empty: a sharded trainer, not committed);
-    ``weights`` to the served tensors of ``version``."""
+    ``weights`` to the served tensors of ``version``. A round of several trainers carries each
+    member's signed ``GradientCommitment`` (envelope bytes) in ``members``; its ``verdicts`` are
+    then the members' citations, member after member, and its states are the publisher's."""
 
     KIND: ClassVar[str] = "training-record"
-    MAX_BYTES: ClassVar[int] = 64 * 1024
+    MAX_BYTES: ClassVar[int] = 128 * 1024
 
     run_id: str
     version: int
@@ -130,7 +181,7 @@ class TrainingRecord:
     state_after: bytes
     weights: bytes
     created_at: int
-    members: tuple[MemberCommitment, ...] = ()
+    members: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
         if self.version != self.parent + 1:
@@ -160,7 +211,7 @@ class TrainingRecord:
             "created_at": self.created_at,
         }
         if self.members:
-            wire["members"] = [m.to_wire() for m in self.members]
+            wire["members"] = list(self.members)
         return wire
 
     @classmethod
@@ -178,7 +229,7 @@ class TrainingRecord:
             state_after=f.blob("state_after"),
             weights=f.blob("weights"),
             created_at=f.integer("created_at", minimum=0),
-            members=f.items("members", MemberCommitment.from_wire, []),
+            members=f.seq("members", typed(bytes, "members"), []),
         )
 
 

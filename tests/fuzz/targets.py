@@ -49,7 +49,7 @@ from swarm.messages import (
     run_id_of,
     sign,
 )
-from swarm.messages.training import MemberCommitment
+from swarm.messages.training import GradientCommitment
 from swarm.shardcast.protocol import ChannelOffer, Holdings, ManifestRequest, ShardRequest
 from tests.fuzz.inputs import fuzz_bytes, pack, structure
 
@@ -91,7 +91,17 @@ def message_seeds() -> dict[str, Any]:
             bytes(32),
             bytes(32),
             6,
-            (MemberCommitment(KEY.peer_id, 4, bytes(32)),),
+            (
+                sign(
+                    GradientCommitment(
+                        RUN, 2, 4, (bytes(32),), (1,), 5, 1, bytes(32), bytes(32), 6
+                    ),
+                    KEY,
+                ).raw,
+            ),
+        ),
+        "gradient-commitment": GradientCommitment(
+            RUN, 2, 4, (bytes(32),), (1,), 5, 1, bytes(32), bytes(32), 6
         ),
         "sample-receipt": SampleReceipt(RUN, bytes(32), bytes(32), KEY.peer_id, 1, 1, True, 3, 7),
         "training-dispute": TrainingDispute(

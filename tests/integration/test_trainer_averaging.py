@@ -11,8 +11,11 @@ import pytest
 from safetensors.torch import load_file
 
 from node.compute.grpo import GRPOConfig, GRPOTrainer
-from node.compute.train_child import TrainerChild
+from node.compute.train_child import ReplayChild, TrainerChild
 from node.model import DEFAULT_MODEL_DIR, load_causal_lm, model_info
+from node.training_audit import UPDATE_TOLERANCE
+from swarm.identity import NodeKey
+from swarm.messages import GradientCommitment, decode
 from tests.unit.test_fsdp import CONFIG, assert_one_update_apart, batch, gradients
 
 
@@ -63,5 +66,105 @@ def test_two_children_averaging_make_the_update_of_one_process(tmp_path: Path) -
             assert_one_update_apart(load_file(out[name]["weights"]), expected, grads)
         assert a.status()["rounds_averaged"] == 1 and b.status()["samples_contributed"] == 8
     finally:
+        a.close()
+        b.close()
+
+
+def run_round(halves: dict[str, Any], parent: int) -> dict[str, dict[str, Any]]:
+    """Each member steps from ``parent`` on its half at once (they meet in the averager)."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def step(name: str) -> None:
+        child, mine, forged = halves[name]
+        cited = [(bytes([i]) * 32, g.version) for i, g in enumerate(mine)]
+        out[name] = child.step(mine, parent, 5, forged, cited=cited)
+
+    threads = [threading.Thread(target=step, args=(n,)) for n in halves]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return out
+
+
+def member_spec(root: Path, peer: str, key: NodeKey) -> dict[str, Any]:
+    out = spec(root, peer)
+    out["group"] = {**out["group"], "key": key.seed}
+    out["states"] = str(root / peer / "states")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_round_replays_from_the_members_commitments_and_a_forged_gradient_does_not(
+    tmp_path: Path,
+) -> None:
+    """Two members average through hivemind for two rounds; in the second, B sends (and commits
+    to) the negated gradient of its samples. The audit's replays, from the members' files:
+    the averaging of the committed gradients gives the publisher's state after, within the
+    tolerance, in both rounds; each member's gradient replays from its samples bit for bit,
+    except B's forged one."""
+    keys = {"A": NodeKey.generate(), "B": NodeKey.generate()}
+    a = TrainerChild(member_spec(tmp_path, "A", keys["A"]))
+    b = TrainerChild(member_spec(tmp_path, "B", keys["B"]))
+    replay = ReplayChild()
+    try:
+        b.connect(a.hivemind_addrs)
+        assert set(a.live()) == {"A", "B"} or set(b.live()) == {"A", "B"}
+        for parent, groups, cheat in ((0, batch(), None), (1, batch(1, seed=9), "forge-gradient")):
+            halves = {"A": (a, groups[:3], None), "B": (b, groups[3:], cheat)}
+
+            out = run_round(halves, parent)
+            rnd = out["A"]["round"]
+            assert rnd["members"] == ["A", "B"] and rnd["publisher"] == "A"
+            commitments = {n: decode(rnd["commitments"][n], GradientCommitment) for n in ("A", "B")}
+            for name, c in commitments.items():
+                assert c.signer == keys[name].peer_id and c.message.version == parent + 1
+                assert c.message.samples == (12 if name == "A" else 8)
+            files = {n: tmp_path / n / "states" for n in ("A", "B")}
+            common = {
+                "model_dir": str(DEFAULT_MODEL_DIR),
+                "config": CONFIG,
+                "serve_dtype": "float32",
+                "pad_id": model_info(DEFAULT_MODEL_DIR).pad_id,
+                "parent": parent,
+                "seed": 5,
+                "threads": 1,
+                "old": {"0": str(tmp_path / "A" / "policies" / "v0.safetensors")} if parent else {},
+            }
+            averaged = replay.average(
+                {
+                    **common,
+                    "state": str(files["A"] / f"s{parent}.safetensors"),
+                    "members": [
+                        {"path": str(files[n] / f"g{parent + 1}.safetensors"), "samples": s}
+                        for n, s in (("A", 12), ("B", 8))
+                    ],
+                    "after": str(files["A"] / f"s{parent + 1}.safetensors"),
+                    "published": out["A"]["weights"],
+                }
+            )
+            assert averaged["gradients"] == [commitments[n].message.gradient for n in "AB"]
+            assert averaged["before"] == out["A"]["state"]["before"]
+            assert averaged["their_after"] == out["A"]["state"]["after"]
+            assert averaged["update_error"] <= UPDATE_TOLERANCE, averaged
+            for name, (_, mine, forged) in halves.items():
+                got = replay.gradient(
+                    {
+                        **common,
+                        "groups": [g.to_wire() for g in mine],
+                        "state": str(files[name] / f"s{parent}.safetensors"),
+                        "theirs": str(files[name] / f"g{parent + 1}.safetensors"),
+                    }
+                )
+                assert got["before"] == commitments[name].message.state_before
+                if forged:
+                    assert got["gradient"] != commitments[name].message.gradient
+                    assert got["error"] > 1.0  # the negated gradient: 2 of its norm away
+                else:
+                    assert got["gradient"] == commitments[name].message.gradient
+                    assert got["error"] == 0.0
+    finally:
+        replay.close()
         a.close()
         b.close()

@@ -33,7 +33,7 @@ from swarm.messages import (
     decode_any,
     sign,
 )
-from swarm.messages.training import DISPUTE_REASONS, MemberCommitment
+from swarm.messages.training import DISPUTE_REASONS, GradientCommitment
 
 KEY = NodeKey.from_seed(b"\x07" * 32)
 PEERS = [NodeKey.from_seed(bytes([i]) * 32).peer_id for i in range(1, 6)]
@@ -193,10 +193,24 @@ def training_records(draw: st.DrawFn) -> TrainingRecord:
         state_after=draw(st.binary(max_size=32)),
         weights=draw(st.binary(max_size=32)),
         created_at=draw(u64),
-        members=tuple(
-            MemberCommitment(draw(text), draw(u64), draw(id32))
-            for _ in range(draw(st.integers(0, 2)))
-        ),
+        members=tuple(draw(st.lists(st.binary(max_size=64), max_size=2))),
+    )
+
+
+@st.composite
+def gradient_commitments(draw: st.DrawFn) -> GradientCommitment:
+    verdicts = draw(st.lists(id32, max_size=4))
+    return GradientCommitment(
+        run_id=draw(text),
+        version=draw(st.integers(1, 2**40)),
+        samples=draw(u64),
+        verdicts=tuple(verdicts),
+        sample_versions=tuple(draw(u64) for _ in verdicts),
+        seed=draw(u64),
+        threads=draw(st.integers(0, 512)),
+        state_before=draw(st.binary(max_size=32)),
+        gradient=draw(st.binary(max_size=32)),
+        created_at=draw(u64),
     )
 
 
@@ -236,11 +250,12 @@ any_message = st.one_of(
     training_records(),
     receipts,
     training_disputes,
+    gradient_commitments(),
 )
 
 
 def test_every_message_type_has_a_strategy() -> None:
-    assert len(MESSAGE_TYPES) == 11
+    assert len(MESSAGE_TYPES) == 12
 
 
 @given(message=any_message)
