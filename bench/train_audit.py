@@ -26,6 +26,15 @@ mixed in every group (all carry signal), every other group sampled by the versio
   the float32 model (the bytes of the state's ``w/`` tensors).
 - ``audit_share``: ``train_audit_share * (replay wall + fetch bytes / --link-mb-s) / step wall``.
   Goal <= 0.05. ``audit_share_replay_only`` leaves the fetch out.
+- Several trainers (``--group-rounds``, on by default): two training children average each
+  batch through hivemind, A on its first half, B on the rest, and each round is audited as
+  ``node.training_audit`` audits it. ``averaging_update_error`` (the largest over the rounds):
+  ``update_error`` of the publisher's state after against the averaging replayed from the
+  members' committed gradients, the honest spread the tolerance is set against (hivemind's
+  all-reduce sums in its own order); ``member_replay_bit_exact``: every member's gradient
+  replays from its samples to its commitment, and every served gradient is its commitment;
+  ``round_audit_over_step``: the averaging replay plus one member's gradient replay (what a
+  validator does for a round) over the round's wall time (its slower member).
 - ``replay_bit_exact``: every replay's state after has the trainer's commitment;
   ``update_error_threads``: ``update_error`` of the last step replayed with another thread count
   (1 against 2): the honest spread across reduction orders.
@@ -130,6 +139,118 @@ def train_and_replay(
     return {"rows": rows[1:], "update_error": spread["update_error"], "fp32_bytes": w32}
 
 
+def group_rounds(
+    root: Path, model: Path, config: dict[str, Any], batches: list[list[Group]]
+) -> dict[str, Any]:
+    """Two training children average each batch through hivemind (A takes the first half, B
+    the rest); each round is audited as ``node.training_audit`` audits it: the averaging
+    replayed from both committed gradients, then each member's gradient from its samples."""
+    import threading
+
+    from swarm.identity import NodeKey
+    from swarm.messages import GradientCommitment, decode
+
+    common = {"model_dir": str(model), "config": config, "serve_dtype": "bfloat16"}
+    common["pad_id"] = model_info(model).pad_id
+
+    def spec(name: str) -> dict[str, Any]:
+        files = {k: str(root / name / k) for k in ("checkpoint", "policies", "states")}
+        group = {"peer": name, "run_id": "bench", "host": "127.0.0.1", "trainers": 2}
+        group["key"] = NodeKey.generate().seed
+        extra = {"keep_versions": 3, "state_keep": len(batches) + 2, "threads": 1}
+        return {**common, **files, **extra, "group": group}
+
+    children = {"A": TrainerChild(spec("A")), "B": TrainerChild(spec("B"))}
+    replayer = ReplayChild()
+    rows: list[dict[str, Any]] = []
+    try:
+        children["B"].connect(children["A"].hivemind_addrs)
+        for parent, groups in enumerate(batches):
+            half = len(groups) // 2
+            mine = {"A": groups[:half], "B": groups[half:]}
+            out: dict[str, dict[str, Any]] = {}
+            took: dict[str, float] = {}
+
+            def step(
+                name: str, parent: int = parent, mine: Any = mine, out: Any = out, took: Any = took
+            ) -> None:
+                started = time.perf_counter()
+                cited = [(os.urandom(32), g.version) for g in mine[name]]
+                out[name] = children[name].step(mine[name], parent, 7, cited=cited)
+                took[name] = time.perf_counter() - started
+
+            threads = [threading.Thread(target=step, args=(n,)) for n in children]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=300)
+            rnd = out["A"]["round"]
+            publisher = str(rnd["publisher"])
+            commits = {n: decode(rnd["commitments"][n], GradientCommitment) for n in children}
+            states = {n: root / n / "states" for n in children}
+            args = {
+                **common,
+                "chat_template": False,
+                "threads": 1,
+                "seed": 7,
+                "parent": parent,
+            }
+            started = time.perf_counter()
+            averaged = replayer.average(
+                {
+                    **args,
+                    "state": str(states[publisher] / f"s{parent}.safetensors"),
+                    "members": [
+                        {
+                            "path": str(states[n] / f"g{parent + 1}.safetensors"),
+                            "samples": commits[n].message.samples,
+                        }
+                        for n in children
+                    ],
+                    "after": str(states[publisher] / f"s{parent + 1}.safetensors"),
+                    "published": out[publisher]["weights"],
+                }
+            )
+            averaged_s = time.perf_counter() - started
+            member: dict[str, float] = {}
+            exact = True
+            for name in children:
+                started = time.perf_counter()
+                got = replayer.gradient(
+                    {
+                        **args,
+                        # Its own older versions: B never adopts A's copy here, as a member of
+                        # a swarm does (its copy of v-1 is then the published one).
+                        "old": {
+                            str(v): str(root / name / "policies" / f"v{v}.safetensors")
+                            for v in {g.version for g in mine[name]} - {parent}
+                        },
+                        "groups": [g.to_wire() for g in mine[name]],
+                        "state": str(states[name] / f"s{parent}.safetensors"),
+                        "theirs": str(states[name] / f"g{parent + 1}.safetensors"),
+                    }
+                )
+                member[name] = time.perf_counter() - started
+                exact &= got["gradient"] == commits[name].message.gradient
+            rows.append(
+                {
+                    "members": len(rnd["members"]),
+                    "update_error": averaged["update_error"],
+                    "commitments_match": averaged["gradients"]
+                    == [commits[n].message.gradient for n in children],
+                    "exact": exact,
+                    "step_s": max(took.values()),
+                    "average_s": averaged_s,
+                    "member_s": statistics.median(member.values()),
+                }
+            )
+    finally:
+        replayer.close()
+        for child in children.values():
+            child.close()
+    return {"rows": rows[1:]}
+
+
 def modes(
     root: Path, model: Path, config: GRPOConfig, batches: list[list[Group]], threads: int
 ) -> list[dict[str, float]]:
@@ -184,6 +305,12 @@ def main() -> None:
     p = RunParams()
     parser.add_argument("--groups", type=int, default=p.submissions_per_step * p.batch_prompts)
     parser.add_argument("--link-mb-s", type=float, default=100.0, help="auditor's fetch rate")
+    parser.add_argument(
+        "--group-rounds",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also two trainers averaging through hivemind, each round audited",
+    )
     args = parser.parse_args()
     config = GRPOConfig.from_params(p)
     batches = [
@@ -196,6 +323,11 @@ def main() -> None:
             root, args.model, dataclasses.asdict(config), batches, args.threads
         )
         inproc = modes(root, args.model, config, batches, args.threads)
+        rounds = (
+            group_rounds(root / "group", args.model, dataclasses.asdict(config), batches)["rows"]
+            if args.group_rounds
+            else []
+        )
     rows = child["rows"]
     for r in rows:
         r["with_fetch_s"] = r["replay_s"] + r["fetch_bytes"] / (args.link_mb_s * 1e6)
@@ -208,6 +340,14 @@ def main() -> None:
         "replay_bit_exact": all(r["exact"] for r in rows),
         "update_error_threads": child["update_error"],
     }
+    if rounds:
+        figures["averaging_update_error"] = max(r["update_error"] for r in rounds)
+        figures["member_replay_bit_exact"] = all(
+            r["exact"] and r["commitments_match"] for r in rounds
+        )
+        figures["round_audit_over_step"] = median(
+            [{**r, "audit_s": r["average_s"] + r["member_s"]} for r in rounds], "audit_s", "step_s"
+        )
     details = {
         "replay_inner_over_step": median(rows, "replay_inner_s", "step_s"),
         "commit_over_step": median(inproc, "commit", "det"),

@@ -21,9 +21,15 @@ Decisions this module owns:
   fetched too (it must match ``state_after``) and the step agrees when the update's relative
   error (``node.compute.train_state.update_error``) is at most ``UPDATE_TOLERANCE``
   (``agreed-within-tolerance``); docs/RELIABILITY.md states the measured honest spread.
-- **What is not replayed** says so (``not-replayed`` with why): a rollback (no step), a version
-  trained by several trainers (the members' gradient commitments are not built yet), a
-  sharded trainer's step (no commitments), a version never announced.
+- **Several trainers** (``_audit_round``): the record carries every member's signed
+  ``GradientCommitment`` (``members_of`` checks them); each member's gradient is fetched from it
+  and matched to its commitment, the averaging and the publisher's optimizer step are replayed
+  from them (within ``UPDATE_TOLERANCE``: hivemind's all-reduce sums in its own order), and the
+  gradient of one member (``pick``: the validator's draw) or of every member (the CLI) is
+  replayed from its samples and its own state before (bits, else the tolerance of its norm).
+- **What is not replayed** says so (``not-replayed`` with why): a rollback (no step), a round's
+  copy a member republished under another number, a sharded trainer's step (no commitments),
+  a version never announced.
 - **Coverage** (``coverage``, ``skipped``): from the trainer's signed receipts. Samples are
   trained oldest first inside the window, so a receipted sample of the window that a record
   passes over while it cites a later one (a larger ``seq``) was skipped (``skipped-sample``);

@@ -471,7 +471,7 @@ class _Training:
                 nonlocal round_info
                 if cheat == "forge-gradient":  # tests only: a gradient its samples never gave
                     for grad in grads:
-                        grad.neg_()
+                        grad.neg_().add_(0.0)  # -g, and +0.0 where g is 0: no signal, no cheat
                 commitment = self._commit(grads, samples, version, seed, cited or [])
                 result = group.average(grads, samples, version, commitment)
                 round_info = asdict(result)

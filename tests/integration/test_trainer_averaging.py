@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from node.compute.grpo import GRPOConfig, GRPOTrainer
 from node.compute.train_child import ReplayChild, TrainerChild
@@ -148,6 +148,28 @@ def test_a_round_replays_from_the_members_commitments_and_a_forged_gradient_does
             assert averaged["before"] == out["A"]["state"]["before"]
             assert averaged["their_after"] == out["A"]["state"]["after"]
             assert averaged["update_error"] <= UPDATE_TOLERANCE, averaged
+            if not parent:
+                # A member that sent one gradient and committed to another: what it serves is
+                # either not its commitment, or (served as committed) not what the publisher
+                # stepped on, so the averaging replayed from it misses the state after.
+                other = tmp_path / "other-g1.safetensors"
+                theirs = load_file(str(files["B"] / "g1.safetensors"))
+                save_file({k: -v for k, v in theirs.items()}, str(other))
+                members = [
+                    {"path": str(files["A"] / "g1.safetensors"), "samples": 12},
+                    {"path": str(other), "samples": 8},
+                ]
+                off = replay.average(
+                    {
+                        **common,
+                        "state": str(files["A"] / "s0.safetensors"),
+                        "members": members,
+                        "after": str(files["A"] / "s1.safetensors"),
+                        "published": out["A"]["weights"],
+                    }
+                )
+                assert off["gradients"][1] != commitments["B"].message.gradient
+                assert off["update_error"] > UPDATE_TOLERANCE, off
             for name, (_, mine, forged) in halves.items():
                 got = replay.gradient(
                     {

@@ -22,6 +22,7 @@ from swarm.errors import ConfigError, MalformedError, StorageError
 from swarm.identity import NodeKey
 from swarm.ledger.training import TrainingStore
 from swarm.messages import (
+    GradientCommitment,
     RunParams,
     SampleReceipt,
     Signed,
@@ -180,11 +181,17 @@ async def test_a_state_past_the_retention_window_is_refused_with_the_window(
     answer = msgpack.unpackb(await log.serve_state("p", msgpack.packb([6, 4, 100])))
     assert answer == {"size": 10, "data": b"x" * 6}
     with pytest.raises(
-        StorageError, match=r"past the trainer's retention window \(it holds v5..6\)"
+        StorageError, match=r"past the trainer's retention window \(it holds the states of v5..6\)"
     ):
         await log.serve_state("p", msgpack.packb([2, 0, 100]))
-    with pytest.raises(MalformedError, match="train-state request"):
-        await log.serve_state("p", msgpack.packb(["2", 0, 100]))
+    (states / "g6.safetensors").write_bytes(b"g" * 4)  # a group member's gradient of a round
+    answer = msgpack.unpackb(await log.serve_state("p", msgpack.packb([6, 0, 100, "gradient"])))
+    assert answer == {"size": 4, "data": b"g" * 4}
+    with pytest.raises(StorageError, match="training gradient of v5 is not held"):
+        await log.serve_state("p", msgpack.packb([5, 0, 100, "gradient"]))
+    for bad in (["2", 0, 100], [2, 0, 100, "weights"], [2, 0]):
+        with pytest.raises(MalformedError, match="train-state request"):
+            await log.serve_state("p", msgpack.packb(bad))
 
 
 def test_the_audit_draw_is_the_due_validators_own() -> None:
@@ -248,6 +255,71 @@ def test_a_record_whose_numbers_are_not_the_genesis_is_wrong_params(tmp_path: Pa
     early = TrainingRecord(**{**_fields(honest), "min_version": 1})
     (finding,) = auditor.check_numbers(early)
     assert finding.reason == "outside-window" and "below v2" in finding.detail
+
+
+def commitment(key: NodeKey, verdicts: list[bytes], *, version: int = 5, run: str = RUN) -> bytes:
+    return sign(
+        GradientCommitment(
+            run_id=run,
+            version=version,
+            samples=4 * len(verdicts),
+            verdicts=tuple(verdicts),
+            sample_versions=tuple(version - 1 for _ in verdicts),
+            seed=7,
+            threads=1,
+            state_before=b"\x04" * 32,
+            gradient=b"\x05" * 32,
+            created_at=1,
+        ),
+        key,
+    ).raw
+
+
+def test_a_rounds_member_commitments_are_checked_against_the_genesis_and_the_record(
+    tmp_path: Path,
+) -> None:
+    from node.run import create_genesis
+    from node.tasks.suite import default_suite
+    from node.training_audit import StepAuditor
+
+    other = NodeKey.from_seed(b"\x55" * 32)
+    genesis = create_genesis(
+        NodeKey.from_seed(b"\x54" * 32),
+        name="members",
+        trainers=[TRAINER.peer_id, other.peer_id],
+        validators=[VALIDATOR.peer_id],
+        params=RunParams(),
+        created_at=1,
+    )
+    node = SimpleNamespace(config=SimpleNamespace(genesis=genesis))
+    auditor = StepAuditor(
+        node,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        default_suite(),
+        tmp_path,
+        tmp_path,
+        None,  # type: ignore[arg-type]
+        chat_template=False,
+    )
+    a, b = [bytes([1]) * 32], [bytes([2]) * 32, bytes([3]) * 32]
+
+    def round_record(*members: bytes) -> Signed[TrainingRecord]:
+        honest = record(5, a + b).message
+        return sign(TrainingRecord(**{**_fields(honest), "members": members}), TRAINER)
+
+    found, bad = auditor.members_of(round_record(commitment(TRAINER, a), commitment(other, b)))
+    assert bad == [] and [c.signer for c in found] == [TRAINER.peer_id, other.peer_id]
+    cases = {
+        "no genesis trainer": (commitment(TRAINER, a), commitment(OUTSIDER, b)),
+        "repeats member": (commitment(TRAINER, a), commitment(TRAINER, b)),
+        "not this round's": (commitment(TRAINER, a), commitment(other, b, version=4)),
+        "not the record's verdicts": (commitment(other, b), commitment(TRAINER, a)),
+        "member commitment 1: ": (commitment(TRAINER, a), b"\x00garbage"),
+    }
+    for why, members in cases.items():
+        found, (finding,) = auditor.members_of(round_record(*members))
+        assert found == [] and finding.reason == "member-mismatch", finding
+        assert why in finding.detail, finding.detail
 
 
 def _fields(r: TrainingRecord) -> dict[str, Any]:

@@ -1,0 +1,141 @@
+"""Two trainers averaging, checked: a real swarm on 127.0.0.1 (a bootstrap peer, two genesis
+trainers averaging through hivemind, a validator that audits every version, two workers).
+
+Trainer B forges its gradient on two rounds (the negated gradient of its samples, committed
+and sent as its own). Every round's record carries both members' signed gradient commitments;
+``audit --training`` from the swarm alone replays the averaging from the committed gradients
+and every member's gradient from its samples: the rounds where B's forged gradient carried
+samples are ``member-mismatch``, every other averaged round agrees. The validator, which
+replays one member per round (its draw picks it), never disputes an honest round.
+"""
+
+from __future__ import annotations
+
+import traceback
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+
+from bootstrap.service import BootstrapConfig, BootstrapPeer
+from node.audit import AuditAssets
+from node.audit_training import audit_training
+from node.compute.torch_engine import TorchEngine
+from node.model import DEFAULT_MODEL_DIR
+from node.roles.cheats import trainer_cheat_by_spec
+from node.roles.launch import RoleHandle, launch
+from node.run import create_genesis
+from node.runtime import Node
+from swarm.messages import GradientCommitment, RunParams, decode
+from tests.netfactory import LOOPBACK, key_named, loopback_config, wait_until
+
+PARAMS = RunParams(
+    group_size=4,
+    batch_prompts=2,
+    max_tokens=8,
+    async_level=2,
+    submissions_per_step=2,
+    eval_every=0,
+    train_audit_share=1.0,
+)
+VERSIONS = 5
+FORGED_STEPS = (1, 3)
+"""Trainer B's forged rounds, by the version stepped from (the records of v2 and v4)."""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_the_audit_agrees_with_averaged_rounds_and_catches_a_forged_member_gradient(
+    tmp_path: Path,
+) -> None:
+    owner, a_key, b_key, validator_key = (
+        key_named(n) for n in ("owner", "g-trainer-a", "g-trainer-b", "g-val")
+    )
+    genesis = create_genesis(
+        owner,
+        name="group-audit",
+        trainers=[a_key.peer_id, b_key.peer_id],
+        validators=[validator_key.peer_id],
+        params=PARAMS,
+        created_at=1,
+    )
+
+    def engine() -> TorchEngine:
+        return TorchEngine.from_dir(DEFAULT_MODEL_DIR)
+
+    async with AsyncExitStack() as stack:
+        boot = await stack.enter_async_context(
+            BootstrapPeer.start(
+                BootstrapConfig(
+                    key=key_named("g-boot"), listen=LOOPBACK, heartbeat=0.2, genesis=(genesis,)
+                )
+            )
+        )
+
+        async def start(key, role: str, **kw) -> RoleHandle:  # type: ignore[no-untyped-def]
+            config = loopback_config(
+                key, genesis, role, boot.addrs()[:1], heartbeat=0.2, discover_every_s=0.5
+            )
+            node = await stack.enter_async_context(Node.start(config))
+            return await stack.enter_async_context(
+                launch(
+                    node,
+                    tmp_path / key.peer_id[-8:],
+                    engine_factory=engine,
+                    ledger_sync_every_s=1.0,
+                    **kw,
+                )
+            )
+
+        plan = ",".join(f"forge-gradient@{s}" for s in FORGED_STEPS)
+        await start(a_key, "trainer", max_versions=VERSIONS)
+        await start(
+            b_key, "trainer", max_versions=VERSIONS, trainer_cheat=trainer_cheat_by_spec(plan)
+        )
+        validator = await start(validator_key, "validator")
+        for name in ("g-worker-a", "g-worker-b"):
+            await start(key_named(name), "inference")
+        store = validator.training
+        assert store is not None
+
+        try:
+            await wait_until(
+                lambda: all(v in store.audits() for v in range(1, VERSIONS + 1)), 400, poll=0.5
+            )
+            forged: set[int] = set()
+            averaged: set[int] = set()
+            for record in store.records():
+                r = record.message
+                members = [decode(raw, GradientCommitment) for raw in r.members]
+                if len(members) > 1:
+                    averaged.add(r.version)
+                if any(
+                    m.signer == b_key.peer_id and m.message.samples > 0 and r.parent in FORGED_STEPS
+                    for m in members
+                ):
+                    forged.add(r.version)
+            assert forged, "B's forged gradient carried no samples: nothing was tested"
+            assert averaged - forged, "no honest round of both trainers: nothing was tested"
+            # The validator replays one member per round: no honest round is ever disputed.
+            outcomes = store.audits()
+            for version in averaged - forged:
+                assert outcomes[version][0] == "agreed", outcomes
+
+            report = await audit_training(
+                genesis,
+                boot.addrs()[:1],
+                tmp_path / "audit",
+                AuditAssets(model=DEFAULT_MODEL_DIR, home=tmp_path / "auditor"),
+                versions=list(range(1, VERSIONS + 1)),
+                discover_s=30,
+            )
+            rows = {r.version: r for r in report.rows}
+            for version in forged:
+                assert rows[version].outcome == "disputed", rows[version]
+                assert rows[version].findings[0].reason == "member-mismatch", rows[version]
+                assert b_key.peer_id[-8:] in rows[version].findings[0].detail
+            for version in averaged - forged:
+                assert rows[version].outcome == "agreed", rows[version]
+        except BaseException:
+            traceback.print_exc()
+            raise
