@@ -1,6 +1,6 @@
 """Make a small Hugging Face model directory of a mainstream architecture, for tests and benches.
 
-    .venv/bin/python scripts/make_test_model.py OUT_DIR [--seed 0] [--hidden 64] [--layers 2]
+    .venv/bin/python scripts/make_test_model.py OUT_DIR [--seed 0] [--hidden 128] [--layers 2]
 
 The directory is what a real run binds with ``run create --model DIR``: a Qwen2 causal LM with
 random weights (``model.safetensors``), ``config.json``, ``generation_config.json``, and a real
@@ -83,7 +83,7 @@ def make_model(
     out: str | Path,
     *,
     seed: int = 0,
-    hidden: int = 64,
+    hidden: int = 128,
     layers: int = 2,
     heads: int = 4,
     kv_heads: int = 2,
@@ -153,7 +153,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--hidden", type=int, default=64)
+    # 128: TOPLOC proves a chunk by the top 128 of its hidden values, so a chunk of one token
+    # (a completion one token past a multiple of the chunk size) needs hidden_size >= 128.
+    ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)

@@ -153,7 +153,12 @@ def _topk(flat: U16, topk: int) -> I64:
 
     n = flat.shape[0]
     if topk > n:
-        raise ProofError(f"topk={topk} exceeds the {n} values of a chunk")
+        raise ProofError(
+            f"topk={topk} exceeds the {n} values of a chunk: TOPLOC (like its reference) cannot"
+            f" prove a chunk with fewer hidden values than its top-k, as the last chunk of one"
+            f" token of a model whose hidden_size is below {topk}; use a model with"
+            f" hidden_size >= {topk}"
+        )
     mag = (flat & 0x7FFF).astype(np.int64)
     key = mag * n + (n - 1 - np.arange(n, dtype=np.int64))  # unique; larger = preferred
     idx = np.argpartition(-key, topk - 1)[:topk] if topk < n else np.arange(n)
