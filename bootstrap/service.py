@@ -161,6 +161,7 @@ class BootstrapPeer:
                         nursery.start_soon(peer._keep_ledger, store)
                 try:
                     yield peer
+                    overlay.stopping = True  # ended normally: what follows is its teardown
                 finally:
                     nursery.cancel_scope.cancel()
                     for store in peer.ledgers.values():

@@ -199,6 +199,7 @@ class Node:
                 stack.enter_context(serve_metrics(node, config.metrics_port))
             await node._join(nursery)
             yield node
+            overlay.stopping = True  # the run ended normally: what follows is its teardown
 
     async def _join(self, nursery: trio.Nursery) -> None:
         self.overlay.set_gate(policy_topic(self.run_id), self._policy_gate)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -44,3 +46,25 @@ def hf_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.hf_model import make_test_model
 
     return make_test_model(tmp_path_factory.mktemp("hf") / "qwen2-tiny")
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failure that is an exception group (trio nurseries nest them deeper than the ten
+    levels a report prints) also shows each leaf exception with its own traceback: where it
+    was raised, not only the nurseries it passed through."""
+    outcome = yield
+    report = outcome.get_result()
+    excinfo = call.excinfo
+    if report.failed and excinfo is not None and isinstance(excinfo.value, BaseExceptionGroup):
+        text = "\n".join(
+            "".join(traceback.format_exception(leaf, chain=False))
+            for leaf in _leaves(excinfo.value)
+        )
+        report.sections.append(("exception group leaves", text))

@@ -157,6 +157,9 @@ class Overlay:
         self.relay_hop: RelayHop | None = None
         self.dialback: DialbackServer | None = None
         self._subscriptions: dict[str, Any] = {}
+        self.stopping = False
+        """Set by the owner (``Node.start``, ``BootstrapPeer.start``) once its own run ended
+        normally and its teardown began: a late spawn from then on is no failure."""
 
     @classmethod
     @asynccontextmanager
@@ -176,8 +179,9 @@ class Overlay:
             # services stop, into a nursery already closed: the run is over and nothing is lost,
             # so at shutdown that one error is logged, never raised over the caller's result
             # (CI flakes of the policy-loss and RL swarm tests; _quiesce narrows the window).
+            # The owner's own teardown counts: its tasks and handlers stop before the overlay.
             late, rest = group.split(_late_spawn)
-            if not stopping or late is None:
+            if not (stopping or overlay.stopping) or late is None:
                 raise
             if rest is not None:
                 raise rest from None

@@ -49,3 +49,19 @@ async def test_a_late_spawn_during_a_failed_run_is_not_hidden(
     with pytest.raises(ValueError):
         async with Overlay.start(NodeKey.generate()):
             raise ValueError("the run failed")
+
+
+async def test_a_late_spawn_in_the_owners_own_teardown_is_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node's tasks stop before its overlay: one of them may meet the closed nursery then."""
+
+    @asynccontextmanager
+    async def run(self: Overlay) -> AsyncIterator[None]:
+        yield
+
+    monkeypatch.setattr(Overlay, "_run", run)
+    async with Overlay.start(NodeKey.generate()) as overlay:
+        overlay.stopping = True  # as Node.start sets it once its run ended normally
+        raise ExceptionGroup("node", [RuntimeError("Nursery is closed to new arrivals")])
+    assert "closed nursery while stopping" in caplog.text
