@@ -249,5 +249,6 @@ class BootstrapPeer:
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "gossip": self.stats.as_dict(),
             "relay": self.overlay.relay_hop.status() if self.overlay.relay_hop else None,
+            "warnings": list(self.overlay.internals_missing),
             "process": process.usage(),
         }

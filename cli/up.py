@@ -77,6 +77,8 @@ async def _run(swarm: LocalSwarm, open_browser: bool) -> str:
         console.print(f"dashboard: {swarm.dashboard_url}", highlight=False)
         if open_browser:
             _open(swarm.dashboard_url)
+    if not console.is_terminal:
+        return await _run_logged(swarm)
     with Live(render(swarm), console=console, refresh_per_second=2, transient=False) as live:
         while True:
             await swarm.poll()
@@ -85,6 +87,35 @@ async def _run(swarm: LocalSwarm, open_browser: bool) -> str:
             if reason is not None:
                 return reason
             await trio.sleep(1.0)
+
+
+PROGRESS_EVERY_S = 10.0
+"""Not on a terminal (a log file, CI): one progress line per new version, or this often."""
+
+
+async def _run_logged(swarm: LocalSwarm) -> str:
+    """``up``'s progress as lines (the live table redraws in place, which a log cannot):
+    one per new policy version, or every ``PROGRESS_EVERY_S`` when none came."""
+    last_version = -1
+    last_line = -PROGRESS_EVERY_S
+    started = trio.current_time()
+    while True:
+        await swarm.poll()
+        reason = swarm.finished()
+        version = swarm.version()
+        now = trio.current_time()
+        if version != last_version or now - last_line >= PROGRESS_EVERY_S or reason:
+            rewards = swarm.reward_by_version()
+            reward = f"{rewards[-1][1]:.2f} (v{rewards[-1][0]})" if rewards else "-"
+            console.print(
+                f"[{now - started:6.0f} s] policy v{version}, mean reward {reward},"
+                f" {sum(p.alive for p in swarm.procs)} of {len(swarm.procs)} processes up",
+                highlight=False,
+            )
+            last_version, last_line = version, now
+        if reason is not None:
+            return reason
+        await trio.sleep(1.0)
 
 
 def _open(url: str) -> None:

@@ -320,9 +320,25 @@ def check_reachability(
     )
 
 
+def check_internals() -> Check:
+    """The private py-libp2p names the project relies on (``swarm.internals``; hivemind's
+    are checked by the training child, which alone imports it)."""
+    from swarm.internals import missing
+
+    found = missing()
+    if found:
+        return Check(
+            "library internals",
+            "warn",
+            "; ".join(found),
+            "install the tested versions: scripts/setup, or pip install -c constraints.txt",
+        )
+    return Check("library internals", "ok", "every py-libp2p internal this node relies on")
+
+
 def run_checks(home: NodeHome, bootstrap: tuple[str, ...]) -> list[Check]:
     config = home.load_config()
-    checks = [check_versions(), check_key(home)]
+    checks = [check_versions(), check_internals(), check_key(home)]
     checks += check_ports(config.listen)
     checks += check_bootstrap(bootstrap or config.bootstrap)
     checks.append(

@@ -115,6 +115,8 @@ class Node:
     def __init__(self, config: RuntimeConfig, overlay: Overlay) -> None:
         self.config = config
         self.overlay = overlay
+        self.warnings: list[str] = []
+        """What a role found wrong with this node's set-up (shown in status, logged once)."""
         self.key = config.key
         self.run_id = run_id_of(config.genesis)
         self.role: Role = config.role
@@ -442,7 +444,11 @@ class Node:
             "gossip": self.stats.as_dict(),
             "policy_conflicts": [c.as_dict() for c in self.policy.conflicts],
             "rejected_adverts": self.membership.rejected_adverts,
-            "warnings": list(self.membership.duplicate_warnings),
+            "warnings": [
+                *self.membership.duplicate_warnings,
+                *self.overlay.internals_missing,
+                *self.warnings,
+            ],
             "process": process.usage(),
             **{name: section() for name, section in self.status_extras.items()},
         }

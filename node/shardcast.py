@@ -128,6 +128,8 @@ class ShardcastService:
     last_fetch: dict[str, Any] | None = None
     background: trio.Nursery | None = None
     """Where provider records are published after a fetch (``start`` sets it)."""
+    stopping: bool = False
+    """The service is stopping: a fetch that still finishes publishes no provider record."""
 
     @classmethod
     @asynccontextmanager
@@ -163,6 +165,10 @@ class ShardcastService:
             try:
                 yield service
             finally:
+                # A fetch in another task may still finish: its provider record is then
+                # skipped, never spawned into this nursery, closed from here on.
+                service.background = None
+                service.stopping = True
                 nursery.cancel_scope.cancel()
                 server.close()
 
@@ -289,7 +295,7 @@ class ShardcastService:
         # copy is usable, and served to connected peers, before it is published.
         if self.background is not None:
             self.background.start_soon(self.advertise, manifest.message.version)
-        else:
+        elif not self.stopping:
             await self.advertise(manifest.message.version)
         return result
 

@@ -61,6 +61,8 @@ class TrainerChild(FramedChild):
         info = self._call("init", spec)
         self.version: int = int(info["version"])
         self.hivemind_addrs: list[str] = list(info["hivemind_addrs"])
+        self.internals_missing: list[str] = list(info.get("internals_missing") or [])
+        """hivemind internals this child did not find (``swarm.internals.HIVEMIND``)."""
 
     def close(self) -> None:
         """Stop the child and its process group; remove the hivemind sockets it left."""
@@ -578,6 +580,10 @@ def main() -> None:
                     ).start()
                     addrs = training.group.addrs() if training.group is not None else []
                     result: Any = {"version": training.grpo.version, "hivemind_addrs": addrs}
+                    if training.group is not None:  # hivemind lives here only
+                        from swarm.internals import HIVEMIND, check
+
+                        result["internals_missing"] = check(HIVEMIND)
                 elif op in ("replay", "gradient", "average"):  # an auditor's child
                     from node.compute import train_state
 

@@ -272,6 +272,9 @@ class Trainer:
         self.node.handle(SAMPLES, self._on_samples, SAMPLES_LIMITS)
         self.node.handle(TRAIN_STATE, self.log.serve_state, STATE_LIMITS)
         self.child = await trio.to_thread.run_sync(self._start_child)
+        for line in self.child.internals_missing:  # hivemind's, checked in the child
+            log.warning("%s (swarm/internals.py)", line)
+            self.node.warnings.append(line)
         try:
             self.version = self.child.version
             if self.group is not None:

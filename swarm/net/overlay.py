@@ -44,6 +44,7 @@ from libp2p.records.pubkey import PublicKeyValidator
 from libp2p.records.validator import NamespacedValidator
 from libp2p.tools.anyio_service.context import background_trio_service
 
+from swarm import internals
 from swarm.errors import NetworkError, SwarmError
 from swarm.identity import NodeKey
 from swarm.net.dht_records import DhtRecords
@@ -158,6 +159,8 @@ class Overlay:
         self.dialback: DialbackServer | None = None
         self._subscriptions: dict[str, Any] = {}
         self.stopping = False
+        self.internals_missing: list[str] = []
+        """py-libp2p internals not found at start, each with the feature that is off."""
         """Set by the owner (``Node.start``, ``BootstrapPeer.start``) once its own run ended
         normally and its teardown began: a late spawn from then on is no failure."""
 
@@ -215,6 +218,15 @@ class Overlay:
                 overlay.dialback = await stack.enter_async_context(
                     DialbackServer.start(overlay.host)
                 )
+            # Every private py-libp2p name we rely on, on the objects just built: a missing one
+            # is a warning in status naming the feature that is off (swarm.internals).
+            overlay.internals_missing = internals.check(
+                live={
+                    "dcutr": overlay.relay.dcutr,
+                    "relay_hop": overlay.relay_hop.protocol if overlay.relay_hop else None,
+                    "gossipsub": overlay.gossipsub,
+                }
+            )
             await stack.enter_async_context(background_trio_service(overlay.pubsub))
             await stack.enter_async_context(background_trio_service(overlay.gossipsub))
             await stack.enter_async_context(background_trio_service(overlay.dht))

@@ -56,6 +56,10 @@ def test_up_trains_catches_the_cheater_and_audits(tmp_path: Path) -> None:
     assert any(r["check"] == "evaluation replay" and r["ok"] for r in summary["audit"])
     assert (out / "reward_curve.png").stat().st_size > 0 and (out / "ledger.db").exists()
     assert "dashboard: http://127.0.0.1:" in done.stdout  # served by the bootstrap peer
+    # Not on a terminal: one progress line per version (or per 10 s), no table redrawn.
+    progress = [line for line in done.stdout.splitlines() if "processes up" in line]
+    assert any("policy v3," in line for line in progress), done.stdout[-3000:]
+    assert len(progress) >= 3 and "┏" not in done.stdout.split("stopped:")[0]
     for name in ("bootstrap", "trainer", "validator", "worker-0", "cheater"):
         assert (out / "logs" / f"{name}.log").exists()
     assert _no_swarm_left(out)
