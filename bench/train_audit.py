@@ -148,7 +148,7 @@ def group_rounds(
     import threading
 
     from swarm.identity import NodeKey
-    from swarm.messages import GradientCommitment, decode
+    from swarm.messages import GradientCommitment, decode, gradient_file
 
     common = {"model_dir": str(model), "config": config, "serve_dtype": "bfloat16"}
     common["pad_id"] = model_info(model).pad_id
@@ -202,7 +202,9 @@ def group_rounds(
                     "state": str(states[publisher] / f"s{parent}.safetensors"),
                     "members": [
                         {
-                            "path": str(states[n] / f"g{parent + 1}.safetensors"),
+                            "path": str(
+                                states[n] / gradient_file(parent + 1, commits[n].message.gradient)
+                            ),
                             "samples": commits[n].message.samples,
                         }
                         for n in children
@@ -227,7 +229,9 @@ def group_rounds(
                         },
                         "groups": [g.to_wire() for g in mine[name]],
                         "state": str(states[name] / f"s{parent}.safetensors"),
-                        "theirs": str(states[name] / f"g{parent + 1}.safetensors"),
+                        "theirs": str(
+                            states[name] / gradient_file(parent + 1, commits[name].message.gradient)
+                        ),
                     }
                 )
                 member[name] = time.perf_counter() - started

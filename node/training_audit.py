@@ -247,15 +247,16 @@ class StepAuditor:
     # -- fetching the state ---------------------------------------------------------------------
 
     async def fetch_state(
-        self, trainer: str, version: int, what: str = "state"
+        self, trainer: str, version: int, gradient: bytes | None = None
     ) -> tuple[Path, int]:
-        """The trainer's state file of ``version`` (``what="gradient"``: a group member's
-        gradient for the step to ``version``); raises ``SwarmError``, e.g. a version past its
-        retention window. Returns its path and size."""
-        path = self.work / f"{what[0]}{version}-{trainer[-12:]}.safetensors"
+        """The trainer's state file of ``version`` or, with ``gradient`` (a commitment's
+        sha256), the gradient a group member committed for the round to ``version``; raises
+        ``SwarmError``, e.g. a version past its retention window. Returns its path and size."""
+        tail: list[Any] = [] if gradient is None else ["gradient", gradient]
+        name = f"s{version}" if gradient is None else f"g{version}-{gradient.hex()[:16]}"
+        path = self.work / f"{name}-{trainer[-12:]}.safetensors"
         tmp = path.with_name(path.name + ".part")
         offset, size = 0, None
-        tail = ["gradient"] if what == "gradient" else []
         with tmp.open("wb") as f:
             while size is None or offset < size:
                 ask = msgpack.packb([version, offset, STATE_CHUNK, *tail], use_bin_type=True)
@@ -392,14 +393,15 @@ class StepAuditor:
         return out
 
     async def _state_or_finding(
-        self, out: StepAudit, trainer: str, version: int, what: str = "state"
+        self, out: StepAudit, trainer: str, version: int, gradient: bytes | None = None
     ) -> Path | None:
         """A state (or gradient) fetched for the audit ``out``; None when it could not be, with
         ``out`` saying why: not replayed (past the retention window, or unreachable), or a
         ``state-mismatch`` (a refusal inside the window: refusing is no way out of an audit)."""
         try:
-            path, size = await self.fetch_state(trainer, version, what)
+            path, size = await self.fetch_state(trainer, version, gradient)
         except SwarmError as exc:
+            what = "state" if gradient is None else "gradient"
             newest = self.node.policy.version or version
             if version <= newest - self.params.train_state_keep:
                 self._not(out, f"past the retention window: {exc}")
@@ -463,7 +465,7 @@ class StepAuditor:
         started = time.perf_counter()
         grads: list[Path] = []
         for c in members:
-            path = await self._state_or_finding(out, c.signer, r.version, "gradient")
+            path = await self._state_or_finding(out, c.signer, r.version, c.message.gradient)
             if path is None:
                 return out
             grads.append(path)

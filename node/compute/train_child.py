@@ -352,23 +352,25 @@ class _Training:
         for old in held[: -self.state_keep]:
             (self.states / f"s{old}.safetensors").unlink(missing_ok=True)
         floor = held[-self.state_keep :][0] if held else 0
-        for grad in self.states.glob("g*.safetensors"):  # kept while its state before is
-            if grad.stem[1:].isdigit() and int(grad.stem[1:]) <= floor:
+        for grad in self.states.glob("g*-*.safetensors"):  # kept while its state before is
+            made = grad.stem[1:].partition("-")[0]
+            if made.isdigit() and int(made) <= floor:
                 grad.unlink(missing_ok=True)
 
     def _commit(
         self, grads: list[Any], samples: int, version: int, seed: int, cited: list[Any]
     ) -> bytes:
         """A group member's signed commitment of its own gradient for the step from
-        ``version`` (before averaging), its file kept beside the states (``g<N>``) to be
-        served to auditors; b"" where nothing is committed (no states, no key)."""
+        ``version`` (before averaging), its file kept beside the states (``gradient_file``) to
+        be served to auditors; b"" where nothing is committed (no states, no key)."""
         if self.states is None or self.key is None:
             return b""
         from node.compute.train_state import digest, gradient_of, write_state
-        from swarm.messages import GradientCommitment, sign
+        from swarm.messages import GradientCommitment, gradient_file, sign
 
         named = gradient_of(self.grpo.model, grads)
-        write_state(self.states / f"g{version + 1}.safetensors", named, version + 1)
+        committed = digest(named)
+        write_state(self.states / gradient_file(version + 1, committed), named, version + 1)
         commitment = GradientCommitment(
             run_id=self.run_id,
             version=version + 1,
@@ -378,7 +380,7 @@ class _Training:
             seed=seed,
             threads=self.threads,
             state_before=self.state_digest,
-            gradient=digest(named),
+            gradient=committed,
             created_at=int(time.time() * 1000),
         )
         return sign(commitment, self.key).raw

@@ -42,6 +42,7 @@ from swarm.messages import (
     Signed,
     TrainingRecord,
     Verdict,
+    gradient_file,
     sign,
 )
 from swarm.net import StreamLimits
@@ -174,24 +175,32 @@ class TrainingLog:
 
     async def serve_state(self, peer: str, body: bytes) -> bytes:
         """A byte range of the training state of a version (``[version, offset, length]``) or,
-        for a member of several trainers, of its gradient for the step to a version
-        (``[version, offset, length, "gradient"]``)."""
+        for a member of several trainers, of the gradient it committed for the round to a
+        version (``[version, offset, length, "gradient", sha256]``, the commitment's
+        ``gradient``)."""
         try:
             version, offset, length, *what = msgpack.unpackb(body, raw=False)
             if not all(type(x) is int and x >= 0 for x in (version, offset, length)):
                 raise TypeError("not three non-negative integers")
-            if what not in ([], ["gradient"]):
-                raise TypeError(f"{what[0]!r} is not 'gradient'")
+            if what and (
+                len(what) != 2
+                or what[0] != "gradient"
+                or not isinstance(what[1], bytes)
+                or len(what[1]) != 32
+            ):
+                raise TypeError("the tail is not 'gradient' and a 32-byte sha256")
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise MalformedError(
-                f"a train-state request is [version, offset, length(, 'gradient')]: {exc}"
+                "a train-state request is [version, offset, length] or [version, offset, length,"
+                f" 'gradient', sha256]: {exc}"
             ) from exc
         if what:
-            return self._range(self.states / f"g{version}.safetensors", offset, length, "gradient")
+            path = self.states / gradient_file(version, what[1])
+            return self._range(path, offset, length, "gradient")
         return self._range(self.states / f"s{version}.safetensors", offset, length, "state")
 
     def _range(self, path: Path, offset: int, length: int, what: str) -> bytes:
-        version = path.stem[1:]
+        version = path.stem[1:].partition("-")[0]
         try:
             with path.open("rb") as f:
                 size = f.seek(0, 2)
@@ -199,6 +208,10 @@ class TrainingLog:
                 data = f.read(min(length, STATE_CHUNK))
         except FileNotFoundError:
             held = self.held_states()
+            if what == "gradient" and held and int(version) > held[0]:  # kept with its state
+                raise StorageError(
+                    f"no gradient of the round to v{version} with that sha256 was committed here"
+                ) from None
             window = f"{held[0]}..{held[-1]}" if held else "none"
             raise StorageError(
                 f"the training {what} of v{version} is not held: past the trainer's retention"

@@ -26,6 +26,7 @@ from swarm.messages.training import (
     SampleReceipt,
     TrainingDispute,
     TrainingRecord,
+    gradient_file,
     train_auditor,
     train_seed,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "eval_due",
     "eval_seed",
     "eval_validator",
+    "gradient_file",
     "parse_role",
     "run_id_of",
     "sign",

@@ -90,6 +90,13 @@ def _id32(what: str) -> Any:
     return read
 
 
+def gradient_file(version: int, gradient: bytes) -> str:
+    """The file a group member keeps the gradient it committed for the round to ``version``
+    under, one per commitment: a member whose round failed on its side and ran again keeps
+    both, since the others may have finished the first and recorded its commitment."""
+    return f"g{version}-{gradient.hex()[:16]}.safetensors"
+
+
 @dataclass(frozen=True, slots=True)
 class GradientCommitment:
     """Several trainers: signed by one member of the round that produced ``version``, in its

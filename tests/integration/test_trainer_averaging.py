@@ -15,7 +15,7 @@ from node.compute.train_child import ReplayChild, TrainerChild
 from node.model import DEFAULT_MODEL_DIR, load_causal_lm, model_info
 from node.training_audit import UPDATE_TOLERANCE
 from swarm.identity import NodeKey
-from swarm.messages import GradientCommitment, decode
+from swarm.messages import GradientCommitment, decode, gradient_file
 from tests.unit.test_fsdp import CONFIG, assert_one_update_apart, batch, gradients
 
 
@@ -122,6 +122,10 @@ def test_a_round_replays_from_the_members_commitments_and_a_forged_gradient_does
                 assert c.signer == keys[name].peer_id and c.message.version == parent + 1
                 assert c.message.samples == (12 if name == "A" else 8)
             files = {n: tmp_path / n / "states" for n in ("A", "B")}
+            grad = {
+                n: files[n] / gradient_file(parent + 1, c.message.gradient)
+                for n, c in commitments.items()
+            }
             common = {
                 "model_dir": str(DEFAULT_MODEL_DIR),
                 "config": CONFIG,
@@ -137,8 +141,7 @@ def test_a_round_replays_from_the_members_commitments_and_a_forged_gradient_does
                     **common,
                     "state": str(files["A"] / f"s{parent}.safetensors"),
                     "members": [
-                        {"path": str(files[n] / f"g{parent + 1}.safetensors"), "samples": s}
-                        for n, s in (("A", 12), ("B", 8))
+                        {"path": str(grad[n]), "samples": s} for n, s in (("A", 12), ("B", 8))
                     ],
                     "after": str(files["A"] / f"s{parent + 1}.safetensors"),
                     "published": out["A"]["weights"],
@@ -153,10 +156,10 @@ def test_a_round_replays_from_the_members_commitments_and_a_forged_gradient_does
                 # either not its commitment, or (served as committed) not what the publisher
                 # stepped on, so the averaging replayed from it misses the state after.
                 other = tmp_path / "other-g1.safetensors"
-                theirs = load_file(str(files["B"] / "g1.safetensors"))
+                theirs = load_file(str(grad["B"]))
                 save_file({k: -v for k, v in theirs.items()}, str(other))
                 members = [
-                    {"path": str(files["A"] / "g1.safetensors"), "samples": 12},
+                    {"path": str(grad["A"]), "samples": 12},
                     {"path": str(other), "samples": 8},
                 ]
                 off = replay.average(
@@ -176,7 +179,7 @@ def test_a_round_replays_from_the_members_commitments_and_a_forged_gradient_does
                         **common,
                         "groups": [g.to_wire() for g in mine],
                         "state": str(files[name] / f"s{parent}.safetensors"),
-                        "theirs": str(files[name] / f"g{parent + 1}.safetensors"),
+                        "theirs": str(grad[name]),
                     }
                 )
                 assert got["before"] == commitments[name].message.state_before

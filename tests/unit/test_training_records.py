@@ -29,6 +29,7 @@ from swarm.messages import (
     TrainingDispute,
     TrainingRecord,
     decode,
+    gradient_file,
     sign,
     train_auditor,
 )
@@ -184,12 +185,25 @@ async def test_a_state_past_the_retention_window_is_refused_with_the_window(
         StorageError, match=r"past the trainer's retention window \(it holds the states of v5..6\)"
     ):
         await log.serve_state("p", msgpack.packb([2, 0, 100]))
-    (states / "g6.safetensors").write_bytes(b"g" * 4)  # a group member's gradient of a round
-    answer = msgpack.unpackb(await log.serve_state("p", msgpack.packb([6, 0, 100, "gradient"])))
-    assert answer == {"size": 4, "data": b"g" * 4}
+    # A group member's gradients of a round: one per commitment (its own round ran twice).
+    first, second = b"\x01" * 32, b"\x02" * 32
+    (states / gradient_file(6, first)).write_bytes(b"g" * 4)
+    (states / gradient_file(6, second)).write_bytes(b"h" * 5)
+    for sha, body in ((first, b"g" * 4), (second, b"h" * 5)):
+        ask = msgpack.packb([6, 0, 100, "gradient", sha])
+        assert msgpack.unpackb(await log.serve_state("p", ask)) == {"size": len(body), "data": body}
+    with pytest.raises(StorageError, match="no gradient of the round to v6 with that sha256"):
+        await log.serve_state("p", msgpack.packb([6, 0, 100, "gradient", b"\x03" * 32]))
     with pytest.raises(StorageError, match="training gradient of v5 is not held"):
-        await log.serve_state("p", msgpack.packb([5, 0, 100, "gradient"]))
-    for bad in (["2", 0, 100], [2, 0, 100, "weights"], [2, 0]):
+        await log.serve_state("p", msgpack.packb([5, 0, 100, "gradient", first]))
+    bad_asks = (
+        ["2", 0, 100],
+        [2, 0, 100, "weights", first],
+        [2, 0, 100, "gradient"],
+        [2, 0, 100, "gradient", b"short"],
+        [2, 0],
+    )
+    for bad in bad_asks:
         with pytest.raises(MalformedError, match="train-state request"):
             await log.serve_state("p", msgpack.packb(bad))
 
