@@ -117,6 +117,8 @@ class GRPOTrainer:
         self.pad_id = pad_id
         self.optimizer = self._new_optimizer()
         self._snapshots: dict[int, dict[str, torch.Tensor]] = {version: self._cpu_state()}
+        self._undo_window: dict[int, dict[str, torch.Tensor]] = {}
+        """The snapshots the last step moved out of the window, given back by ``undo``."""
         self._old_model: Any = None
 
     def _new_optimizer(self) -> torch.optim.AdamW:
@@ -248,8 +250,11 @@ class GRPOTrainer:
             }
         self.version += 1
         self._snapshots[self.version] = self._cpu_state()
-        for old_version in sorted(self._snapshots)[: -self.keep_versions]:
-            del self._snapshots[old_version]
+        # Kept aside, not dropped: a step whose round is void is undone, and the version it
+        # stepped from needs its whole window again (the same samples are trained once more).
+        self._undo_window = {
+            v: self._snapshots.pop(v) for v in sorted(self._snapshots)[: -self.keep_versions]
+        }
         return StepStats(
             version=self.version,
             sampled_by=max((g.version for g in groups), default=self.version - 1),
@@ -309,9 +314,10 @@ class GRPOTrainer:
     def undo(self, version: int) -> None:
         """Back to the held weights of ``version``, forgetting the current (newer) version: a
         step whose averaging round was void."""
-        undone = self.version
+        self.forget(self.version)
+        self._snapshots.update(self._undo_window)  # what the undone step moved out
+        self._undo_window = {}
         self._restore(version, dict(self._snapshots[version]))
-        self.forget(undone)
 
     def _restore(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(weights)

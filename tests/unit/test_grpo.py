@@ -104,6 +104,23 @@ def test_stale_samples_use_their_own_versions_weights() -> None:
         trainer.step([old])
 
 
+def test_an_undone_step_gives_its_parent_its_whole_window_back() -> None:
+    """A round that was void: the step is undone and its samples are trained again, from the
+    same version, with the same window (its oldest version is held again)."""
+    trainer = GRPOTrainer(
+        tiny_model(), GRPOConfig(learning_rate=1e-2, max_tokens=1), keep_versions=2
+    )
+    old = Group([1], [[TARGET], [7]], [1.0, 0.0], 0)
+    trainer.step([old])
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.step([old])
+    assert trainer.held_versions == [1, 2]
+    trainer.undo(1)
+    assert trainer.version == 1 and trainer.held_versions == [0, 1]
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    assert trainer.step([old]).sampled_by == 0  # v0's samples, from v1, once more
+
+
 def test_ratio_is_capped_by_delta_for_negative_advantages() -> None:
     """With ratio >> delta and A < 0, the loss gradient vanishes (capped), not explodes."""
     cfg = GRPOConfig(clip_delta=4.0, clip_epsilon=0.2)
