@@ -27,8 +27,9 @@ Decisions this module owns:
   not (two groups formed for one version), it stores a void record and nobody in the round
   publishes: their samples go back to the queue. Of two split groups, at most one sees no
   outsider, so at most one manifest is cut per version. A member whose round failed voids it
-  too (the others may have finished it), with a time stamp, so a later round of the same
-  version is not void.
+  too (the others may have finished it). A void names the attempts it voids (each member
+  gathers a fresh attempt id with its round), never a time: a member's failed attempt voids
+  only the rounds it was in, not a later round of the same version.
 - **Lost versions** (``mark_lost``/``lost``): a record, kept a day, of an announced version
   whose weights died with its publisher before anyone fetched them; the trainer that goes on
   without it writes it, the publisher reads it when it restarts.
@@ -43,6 +44,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import secrets
 import signal
 import threading
 import time
@@ -123,7 +125,8 @@ class TrainerGroup:
         self.joined = get_dht_time()
         self.stats = GroupStats()
         self._connected: set[str] = set()
-        self._started: dict[int, float] = {}
+        self._attempts: dict[int, set[str]] = {}
+        """The attempt ids of the members of our last round at a version (``void``)."""
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat, daemon=True)
         self._beat.start()
@@ -185,14 +188,17 @@ class TrainerGroup:
         return sorted(self._records(f"{self.prefix}/want/{version}"))
 
     def void(self, version: int) -> bool:
-        """Whether a member voided our last round at ``version`` (a void record made after we
-        started it: the publisher saw an outsider, or a member's round failed)."""
-        since = self._started.get(version, 0.0)
+        """Whether a member voided our last round at ``version``: a void record naming one of
+        its members' attempts (the publisher saw an outsider, or a member's round failed on
+        its side). Named by attempt, not by time: a member's earlier failed attempt never
+        voids a later round that another member had started before it failed."""
+        mine = self._attempts.get(version, set())
         voids = self._records(f"{self.prefix}/void/{version}")
-        return any(float(t) > since for t in voids.values())
+        return any(mine & {str(a) for a in named} for named in voids.values())
 
-    def _void(self, version: int) -> None:
-        self._store(f"{self.prefix}/void/{version}", get_dht_time(), WANT_S, subkey=self.peer)
+    def _void(self, version: int, attempts: set[str]) -> None:
+        key = f"{self.prefix}/void/{version}"
+        self._store(key, sorted(attempts), WANT_S, subkey=f"{self.peer}/{min(attempts)}")
 
     def record_round(self, version: int, members: list[str]) -> None:
         """Say (for a day) whose samples went into the published version ``version + 1``: a
@@ -220,7 +226,8 @@ class TrainerGroup:
         every member ends with every member's (``RoundResult.commitments``)."""
         self.version = version
         started = time.perf_counter()
-        self._started = {version: get_dht_time()}
+        attempt = secrets.token_hex(8)
+        self._attempts = {version: {attempt}}
         want = f"{self.prefix}/want/{version}"
         self._store(want, True, WANT_S, subkey=self.peer)
         if set(self.live()) == {self.peer}:
@@ -241,6 +248,7 @@ class TrainerGroup:
                     "samples": samples,
                     "joined": self.joined,
                     "commitment": commitment,
+                    "attempt": attempt,
                 },
                 weight=float(samples),
                 timeout=AVERAGING_TIMEOUT_S,
@@ -249,11 +257,11 @@ class TrainerGroup:
             # Others of this round may have finished it: void it for them too, so that no one
             # publishes a round whose samples some member is about to release.
             self.stats.rounds_failed += 1
-            self._void(version)
+            self._void(version, {attempt})
             raise RoundFailed(f"averaging round for v{version} failed: {exc}") from exc
         if not gathered:
             self.stats.rounds_failed += 1
-            self._void(version)
+            self._void(version, {attempt})
             raise RoundFailed(f"averaging round for v{version} found no group")
         infos = list(gathered.values())
         if any(int(i["version"]) != version for i in infos):
@@ -262,6 +270,7 @@ class TrainerGroup:
                 f"a round for v{version} mixed versions {sorted({i['version'] for i in infos})}"
             )
         members = sorted(str(i["peer"]) for i in infos)
+        self._attempts[version] = {str(i.get("attempt", "")) for i in infos} - {""}
         total = sum(int(i["samples"]) for i in infos)
         if total > 0:
             with self.averager.get_tensors() as tensors:
@@ -282,7 +291,7 @@ class TrainerGroup:
                     version,
                     sorted(outsiders),
                 )
-                self._void(version)
+                self._void(version, self._attempts[version])
                 result.void = True
         s = self.stats
         s.averaging_seconds += result.seconds
