@@ -240,7 +240,11 @@ class PolicyFeed:
             log.warning("removing policy v%d left unfinished by a crashed publish", version)
             shutil.rmtree(self.store.directory(version), ignore_errors=True)
 
-    async def fetch(self, announcement: Signed[PolicyAnnouncement]) -> Path:
+    async def fetch(
+        self,
+        announcement: Signed[PolicyAnnouncement],
+        on_progress: ProgressCallback | None = None,
+    ) -> Path:
         """The local file of the announced version, fetched (or resumed) when missing."""
         version = announcement.message.version
         if version == 0 and announcement.message.manifest_id == self._refused_v0:
@@ -253,7 +257,7 @@ class PolicyFeed:
         except SwarmError as exc:  # signed by its trainer, yet unusable: ask the peers
             log.warning("the manifest carried by the v%d announcement: %s", version, exc)
             carried = None
-        local = await self.fetch_version(version, manifest=carried)
+        local = await self.fetch_version(version, on_progress, manifest=carried)
         if self.store.manifest(version).id != announcement.message.manifest_id:
             raise ValidationError(
                 f"the trainer signed two manifests for v{version}; the held one is not the"

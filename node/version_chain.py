@@ -59,7 +59,7 @@ class VersionChain:
         manifest: Signed[ShardManifest] | None = None,
         config: FetchConfig | None = None,
         on_progress: ProgressCallback | None = None,
-        base: Callable[[int], Awaitable[Path]] | None = None,
+        base: Callable[[int, ProgressCallback | None], Awaitable[Path]] | None = None,
         only: Sequence[str] = (),
     ) -> Path:
         """What loads ``version`` (``ShardStore.weights_path``), fetched when not held
@@ -70,8 +70,8 @@ class VersionChain:
         if manifest is None or manifest.message.version != version:
             manifest = await service.manifest(version, only)
 
-        async def own_base(v: int) -> Path:
-            return await self.weights(service, v, config=config, only=only)
+        async def own_base(v: int, progress: ProgressCallback | None) -> Path:
+            return await self.weights(service, v, config=config, on_progress=progress, only=only)
 
         fetch_base = base or own_base
         chain = [manifest]  # newest first: the patches back to held weights or a snapshot
@@ -83,7 +83,8 @@ class VersionChain:
             signed = await service.manifest(older, only)
             if not signed.message.is_patch:
                 log.info("policy v%d: fetching the snapshot v%d it patches first", version, older)
-                await fetch_base(older)  # whole, through the caller's fetch (locks, v0 check)
+                # Whole, through the caller's fetch (locks, v0 check); its progress is ours.
+                await fetch_base(older, on_progress)
                 break
             chain.append(signed)
         for signed in reversed(chain):

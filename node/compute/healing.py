@@ -1,5 +1,6 @@
-"""Self-healing of a node's compute child (issue 15): restart a dead engine with backoff, up to
-a limit, then give up loudly.
+"""Self-healing of a node's compute child (issue 15; every role since issue 28: the
+validator's and the worker's engine child, the trainer's training child): restart a dead child
+with backoff, up to a limit, then give up loudly.
 
 Decisions owned here (``EngineHealer``):
 - What counts: an ``EngineError`` from a call; the caller hands it to ``recover``, which
@@ -10,7 +11,7 @@ Decisions owned here (``EngineHealer``):
   at ``max_backoff_s``) before it starts, so a child that dies at once does not spin the CPU.
 - Limit: more than ``max_restarts`` restarts within ``window_s`` (or a restart that fails) and
   the healer gives up: ``failed`` says why (shown in ``status``), the log says it at ERROR with
-  what to do, and ``on_give_up`` runs (the validator stops advertising its role).
+  what to do, and ``on_give_up`` runs (the role stops advertising itself).
 - Cancellation: a cancelled ``recover`` leaves the engine as it was (dead or restarted); the
   next failure calls it again.
 """
@@ -41,8 +42,11 @@ class EngineHealer:
         max_backoff_s: float = 30.0,
         on_give_up: Callable[[str], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        what: str = "engine child",
     ) -> None:
         self.engine = engine
+        self.what = what
+        """What is restarted, as the log names it."""
         self.max_restarts = max_restarts
         self.window_s = window_s
         self.first_backoff_s = first_backoff_s
@@ -64,17 +68,18 @@ class EngineHealer:
         while self._recent and now - self._recent[0] > self.window_s:
             self._recent.popleft()
         if restart is None:
-            return await self._give_up(f"the engine cannot be restarted ({cause})")
+            return await self._give_up(f"the {self.what} cannot be restarted ({cause})")
         if len(self._recent) >= self.max_restarts:
             return await self._give_up(
-                f"the engine child died {len(self._recent) + 1} times within"
+                f"the {self.what} died {len(self._recent) + 1} times within"
                 f" {self.window_s:.0f} s (last: {_first_line(cause)})"
             )
         delay = min(self.first_backoff_s * 2 ** len(self._recent), self.max_backoff_s)
         self._recent.append(now)
         self.restarts += 1
         log.warning(
-            "engine child died (%s); restart %d of %d in %.0f s",
+            "%s died (%s); restart %d of %d in %.0f s",
+            self.what,
             _first_line(cause),
             len(self._recent),
             self.max_restarts,
@@ -84,8 +89,8 @@ class EngineHealer:
         try:
             await trio.to_thread.run_sync(restart)
         except EngineError as exc:
-            return await self._give_up(f"restarting the engine child failed: {_first_line(exc)}")
-        log.info("engine child restarted")
+            return await self._give_up(f"restarting the {self.what} failed: {_first_line(exc)}")
+        log.info("%s restarted", self.what)
         return True
 
     async def _give_up(self, why: str) -> bool:

@@ -141,6 +141,13 @@ class TrainerChild(FramedChild):
         out: dict[str, Any] = self._call("status", {})
         return out
 
+    def step_state(self, version: int, seed: int) -> dict[str, Any]:
+        """The commitments of the step to ``version`` read from its files (the states before
+        and after it, the weights written): the record of a step whose child died before it
+        answered (its checkpoint already at ``version``). Empty without training states."""
+        out: dict[str, Any] = self._call("step_state", {"version": version, "seed": seed})
+        return out
+
 
 class ReplayChild(FramedChild):
     """An auditor's child that replays training steps (``node.compute.train_state.replay``):
@@ -385,6 +392,20 @@ class _Training:
         )
         return sign(commitment, self.key).raw
 
+    def _step_state(self, version: int, seed: int) -> dict[str, Any]:
+        if self.states is None:
+            return {}
+        from node.compute.train_state import _published_digest, digest, read_state
+
+        return {
+            "before": digest(read_state(self.states / f"s{version - 1}.safetensors")),
+            "after": digest(read_state(self.states / f"s{version}.safetensors")),
+            "weights": _published_digest(self.policies / f"v{version}.safetensors", self.tied),
+            "threads": self.threads,
+            "seed": seed,
+            "deterministic": True,
+        }
+
     def serve(self, op: str, args: dict[str, Any]) -> Any:
         if op == "step":
             groups = tokenize_prompts([Group.from_wire(g) for g in args["groups"]], self.text)
@@ -433,6 +454,8 @@ class _Training:
             }
         if op == "status":
             return None if self.group is None else asdict(self.group.stats)
+        if op == "step_state":
+            return self._step_state(int(args["version"]), int(args["seed"]))
         if self.group is None:
             raise EngineError(f"{op!r} needs a trainer group (the genesis names one trainer)")
         if op == "connect":

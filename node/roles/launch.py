@@ -133,7 +133,11 @@ class RoleHandle:
         if self.train_sync is not None and "training" in out:
             out["training"]["sync"] = self.train_sync.status()
         if self.worker is not None:
-            out["worker"] = {"loaded_version": self.worker.loaded, **vars(self.worker.stats)}
+            out["worker"] = {
+                "loaded_version": self.worker.loaded,
+                **vars(self.worker.stats),
+                "engine": self.worker.healer.status(),
+            }
         out["disk"] = disk_usage(self.ledger.path.parent)
         out["evidence"] = {
             **self.evidence.store.usage(),
@@ -163,6 +167,7 @@ class RoleHandle:
                 "published_at": t.stats.published_at,
                 "busy_s": round(t.stats.busy_seconds, 3),
                 "accountability": t.log.status(),  # records signed, training states held
+                "engine": t.healer.status(),  # restarts of the training child
             }
             if t.stats.group is not None:
                 out["trainer"]["group"] = vars(t.stats.group)

@@ -36,6 +36,7 @@ import msgpack
 import trio
 
 from node.compute.groups import CollapseGuard, StepStats
+from node.compute.healing import EngineHealer
 from node.compute.train_child import TrainerChild
 from node.model import DEFAULT_MODEL_DIR, model_info
 from node.model.card import check_dir
@@ -48,7 +49,7 @@ from node.roles.trainer_records import STATE_LIMITS, TrainingLog, groups_of
 from node.roles.trainer_stats import TrainerStats
 from node.run import TaskSource, suite_for
 from node.runtime import Node
-from swarm.errors import MalformedError, NotAuthorizedError, ValidationError
+from swarm.errors import EngineError, MalformedError, NotAuthorizedError, ValidationError
 from swarm.ledger.training import TrainingStore
 from swarm.messages import (
     PolicyAnnouncement,
@@ -60,6 +61,7 @@ from swarm.messages import (
 )
 from swarm.net.names import SAMPLES, TRAIN_STATE
 from swarm.net.protocols import SAMPLES_LIMITS
+from swarm.shardcast.fetch import ProgressCallback
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,8 @@ class Trainer:
         self.log = TrainingLog(node, training, run_dir / "states")
         self.cheat = cheat  # tests only: a rogue trainer (node.roles.cheats.TRAINER_CHEATS)
         self._dropped = ""
+        self.healer = EngineHealer(self, on_give_up=self._withdraw, what="training child")
+        """Restarts a dead training child (the validator's backoff and limit)."""
 
     # -- samples in ---------------------------------------------------------------------------
 
@@ -250,12 +254,15 @@ class Trainer:
             old.unlink(missing_ok=True)
 
     async def adopt(
-        self, version: int, announced: Signed[PolicyAnnouncement] | None = None
+        self,
+        version: int,
+        announced: Signed[PolicyAnnouncement] | None = None,
+        on_progress: ProgressCallback | None = None,
     ) -> None:
         """Continue from the swarm's copy of ``version`` or newer (fetched through SHARDCAST;
         ``announced``: that announcement, an older one than the newest)."""
         announcement = announced or await self.node.policy.wait_for(version)
-        path = await self.feed.fetch(announcement)
+        path = await self.feed.fetch(announcement, on_progress)
         got = announcement.message.version
         await trio.to_thread.run_sync(self.child_or_fail().load, got, path)
         if got > self.version + 1:
@@ -268,7 +275,10 @@ class Trainer:
     # -- the loop -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Serve samples and train until ``max_versions`` versions exist (or cancelled)."""
+        """Serve samples and train until ``max_versions`` versions exist (or cancelled). A
+        training child that dies is restarted (``EngineHealer``: the validator's backoff and
+        limit) and the trainer resumes from the child's checkpoint, as after a restart of the
+        node; past the limit it withdraws its advert and says why in ``status``."""
         self.node.handle(SAMPLES, self._on_samples, SAMPLES_LIMITS)
         self.node.handle(TRAIN_STATE, self.log.serve_state, STATE_LIMITS)
         self.child = await trio.to_thread.run_sync(self._start_child)
@@ -276,35 +286,75 @@ class Trainer:
             log.warning("%s (swarm/internals.py)", line)
             self.node.warnings.append(line)
         try:
-            self.version = self.child.version
-            if self.group is not None:
-                await self.group.join()
-            else:
-                released = self.queue.recover(self.version)
-                self.retain()  # what arrived while the child started, checked against v0
-                if released or self.version:
-                    log.info("resumed at policy v%d (%d samples back)", self.version, released)
-                await self.publish(self.version)
-            while self.max_versions is None or self.version < self.max_versions:
-                min_version = max(0, self.version - self.params.async_level, self.window_floor)
-                if self.group is not None:
-                    await self.group.step(min_version)
-                    continue
-                idle_from = time.perf_counter()
-                skip = self._skip_at(self.version)
-                while (
-                    self.queue.pending(min_version, skip_worker=skip)
-                    < self.params.submissions_per_step
-                ):
-                    await self.arrived()
-                    skip = self._skip_at(self.version)
-                self.stats.idle_seconds += time.perf_counter() - idle_from
-                busy_from = time.perf_counter()
-                await self.step(min_version)
-                self.stats.busy_seconds += time.perf_counter() - busy_from
+            while True:
+                try:
+                    await self._resume()
+                    await self._train()
+                    break
+                except EngineError as exc:
+                    if not await self.healer.recover(exc):
+                        await trio.sleep_forever()  # given up: status and the log say why
             self.done.set()
         finally:
             self.close()
+
+    def restart(self) -> None:
+        """A fresh training child (the old one died): it loads the checkpoint (``EngineHealer``
+        calls this off the event loop)."""
+        self.close()
+        self.child = self._start_child()
+
+    async def _withdraw(self, why: str) -> None:
+        await self.node.membership.withdraw()
+
+    async def _resume(self) -> None:
+        """Continue from the child's version: its checkpoint, written after every version."""
+        child = self.child_or_fail()
+        self.version = child.version
+        if self.group is not None:
+            await self.group.join()
+            return
+        released = self.queue.recover(self.version)
+        self.retain()  # what arrived while the child started, checked against v0
+        if released or self.version:
+            log.info("resumed at policy v%d (%d samples back)", self.version, released)
+        await self._record_unanswered_step()
+        await self.publish(self.version)
+
+    async def _record_unanswered_step(self) -> None:
+        """The child died after its checkpoint reached ``version`` and before it answered the
+        step: the version is published (``publish``) and its record is signed here, from the
+        step's files and reservations, so no version goes out without one."""
+        store, version = self.log.store, self.version
+        cited = self.queue.cited_by(version - 1) if version else []
+        if store is None or not cited or store.record(version) is not None:
+            return
+        seed = train_seed(self.node.run_id, version)
+        state = await trio.to_thread.run_sync(self.child_or_fail().step_state, version, seed)
+        parent = version - 1
+        min_version = max(0, parent - self.params.async_level, self.window_floor)
+        log.warning("v%d was trained but never recorded (the child died); recording it", version)
+        await self.log.publish_record(
+            self.params, parent=parent, min_version=min_version, cited=cited, state=state
+        )
+
+    async def _train(self) -> None:
+        while self.max_versions is None or self.version < self.max_versions:
+            min_version = max(0, self.version - self.params.async_level, self.window_floor)
+            if self.group is not None:
+                await self.group.step(min_version)
+                continue
+            idle_from = time.perf_counter()
+            skip = self._skip_at(self.version)
+            while (
+                self.queue.pending(min_version, skip_worker=skip) < self.params.submissions_per_step
+            ):
+                await self.arrived()
+                skip = self._skip_at(self.version)
+            self.stats.idle_seconds += time.perf_counter() - idle_from
+            busy_from = time.perf_counter()
+            await self.step(min_version)
+            self.stats.busy_seconds += time.perf_counter() - busy_from
 
     def close(self) -> None:
         if self.child is not None:

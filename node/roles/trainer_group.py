@@ -146,15 +146,20 @@ class GroupRounds:
     async def catch_up(self, known: int) -> None:
         """Continue from the swarm's newest version ``known`` (a round we were not in), or
         without it when it was lost with its publisher: nothing of it arrived for
-        ``LOST_AFTER_S`` (each try cut at ``ADOPT_WAIT_S``; a slow fetch that makes progress is
-        never called lost) and its publisher left the live set."""
+        ``LOST_AFTER_S`` (each try cut after ``ADOPT_WAIT_S`` without progress; a slow fetch
+        that makes progress is never cut nor called lost) and its publisher left the live set."""
         t = self.t
         since = self._unfetched_since.setdefault(known, time.monotonic())
         arrived: list[object] = []
         why = f"nothing arrived within {ADOPT_WAIT_S:g} s"
         try:
-            with trio.move_on_after(ADOPT_WAIT_S) as attempt:
-                await t.feed.fetch_version(known, on_progress=arrived.append)
+            with trio.CancelScope(deadline=trio.current_time() + ADOPT_WAIT_S) as attempt:
+
+                def progressed(p: object) -> None:  # a fetch that makes progress is not cut
+                    arrived.append(p)
+                    attempt.deadline = trio.current_time() + ADOPT_WAIT_S
+
+                await t.feed.fetch_version(known, on_progress=progressed)
             if not attempt.cancelled_caught:
                 await t.adopt(known)  # the file is here: check its manifest, load it
                 self._unfetched_since.clear()
@@ -171,6 +176,20 @@ class GroupRounds:
             await trio.sleep(1.0)
             return
         await self._go_on_without(known, str(publisher), why)
+
+    async def _adopt_while_arriving(self, version: int) -> bool:
+        """Adopt ``version``; True once adopted, False when nothing of it arrived for
+        ``ADOPT_WAIT_S``. A fetch that makes progress is never cut: cut and begun again, a
+        copy slower than the wait (a first patch needs its whole base fetched first) would
+        never arrive."""
+        with trio.CancelScope(deadline=trio.current_time() + ADOPT_WAIT_S) as scope:
+
+            def arrived(_: object) -> None:
+                scope.deadline = trio.current_time() + ADOPT_WAIT_S
+
+            await self.t.adopt(version, on_progress=arrived)
+            return True
+        return False
 
     async def _go_on_without(self, lost: int, publisher: str, why: str) -> None:
         t, child = self.t, self.child
@@ -296,10 +315,9 @@ class GroupRounds:
         while publisher != me:
             known = t.node.policy.version
             if known is not None and known >= new:
-                why = f"no copy within {ADOPT_WAIT_S:g} s"
+                why = f"nothing arrived within {ADOPT_WAIT_S:g} s"
                 try:
-                    with trio.move_on_after(ADOPT_WAIT_S):
-                        await t.adopt(new)
+                    if await self._adopt_while_arriving(new):
                         return publisher
                 except SwarmError as exc:
                     why = str(exc)

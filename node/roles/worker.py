@@ -31,13 +31,14 @@ from pathlib import Path
 import trio
 
 from node.compute.engine import Engine
+from node.compute.healing import EngineHealer
 from node.policy_feed import PolicyFeed
 from node.rl.rollout import generate_groups
 from node.rl.submission import build_submission
 from node.run import TaskSource, suite_for
 from node.runtime import Node
 from swarm.assignment import assign, assignment_key
-from swarm.errors import ConfigError, NetworkError, PeerError, SwarmError
+from swarm.errors import ConfigError, EngineError, NetworkError, PeerError, SwarmError
 from swarm.messages import PolicyAnnouncement, RolloutSubmission, Signed, Verdict, decode, sign
 from swarm.net.names import SUBMIT
 from swarm.net.protocols import SUBMIT_LIMITS
@@ -183,6 +184,8 @@ class InferenceWorker:
         self._have_new = trio.Event()
         self._refused = False
         """The last ``submit`` was refused by a validator's answer (not lost on the way)."""
+        self.healer = EngineHealer(engine, on_give_up=self._withdraw)
+        """Restarts a dead engine child (the validator's backoff and limit)."""
 
     async def run(self) -> None:
         """Work until cancelled."""
@@ -211,8 +214,19 @@ class InferenceWorker:
                     await self._have_new.wait()
                     self._have_new = trio.Event()
                     continue
-                await self._load_newest()
-                await self.work_once()
+                try:
+                    await self._load_newest()
+                    await self.work_once()
+                except EngineError as exc:
+                    # The request's counter is spent (never reused); its work is lost, the
+                    # next request starts on the restarted child, which reloads its weights.
+                    if not await self.healer.recover(exc):
+                        await trio.sleep_forever()  # given up: status and the log say why
+
+    async def _withdraw(self, why: str) -> None:
+        """The engine cannot be brought back: stop advertising the inference role (the node
+        stays up: its shards are still served, ``status`` says why it no longer works)."""
+        await self.node.membership.withdraw()
 
     async def _follow(self) -> None:
         """Fetch every newer announced version in the background."""
