@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,6 +77,8 @@ class BootstrapConfig:
     dial: DialPolicy = field(default_factory=DialPolicy)
     ledger_dir: Path | None = None
     """Keep a ledger replica of each run of ``genesis`` at ``ledger_dir/<run_id>/ledger.db``."""
+    metrics_port: int | None = None
+    """Serve Prometheus metrics on 127.0.0.1 at this port (0: any free one)."""
 
 
 class WellFormedGate:
@@ -131,6 +133,10 @@ class BootstrapPeer:
         self.ledgers: dict[str, LedgerStore] = {}
         self.evaluations: dict[str, EvaluationStore] = {}
         """Per run with a ledger replica: the held-out evaluations gossiped beside it."""
+        self.metrics_port: int | None = None
+        """The port ``metrics_port`` serves on (the one picked when asked for 0)."""
+        self.status_snapshot: dict[str, Any] | None = None
+        """The last ``status()`` taken by the event loop, for the metrics thread."""
 
     @classmethod
     @asynccontextmanager
@@ -149,7 +155,12 @@ class BootstrapPeer:
                 await peer._route(run_id)
             if config.peers:
                 await overlay.dial(config.peers, config.dial)
-            async with trio.open_nursery() as nursery:
+            async with AsyncExitStack() as stack, trio.open_nursery() as nursery:
+                if config.metrics_port is not None:
+                    from node.net_metrics import keep_status_snapshot, serve_metrics
+
+                    await nursery.start(keep_status_snapshot, peer)
+                    stack.enter_context(serve_metrics(peer, config.metrics_port))
                 nursery.start_soon(peer._follow_topics, config.heartbeat)
                 if config.peers:
                     nursery.start_soon(peer._keep_peers)

@@ -124,6 +124,9 @@ def bootstrap(
         typer.Option("--run", help="Genesis of a run to validate fully (repeat; optional)."),
     ] = None,
     http: HttpOption = None,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics (127.0.0.1).")
+    ] = None,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
     home: HomeOption = None,
 ) -> None:
@@ -149,6 +152,7 @@ def bootstrap(
         peers=peers,
         genesis=genesis,
         ledger_dir=node_home.path / "runs" if http is not None else None,
+        metrics_port=metrics_port if metrics_port is not None else (settings.metrics_port or None),
     )
 
     async def main() -> None:

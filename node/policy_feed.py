@@ -214,6 +214,8 @@ class PolicyFeed:
             )
         )
         self.chain.count(manifest.message, manifest.message.total_size)
+        self.chain.totals["published_versions"] += 1
+        self.chain.totals["published_bytes"] += manifest.message.total_size
         await trio.to_thread.run_sync(self.chain.finish, version)
         if version == 0:
             held = self.path_of(0)

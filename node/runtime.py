@@ -16,7 +16,6 @@ removes the admin socket and releases the home's lock.
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -68,7 +67,6 @@ log = logging.getLogger(__name__)
 SOFTWARE = "swarm-node/0.1.0"
 MAX_GOSSIP_PEERS = 32
 DEFAULT_LIMITS = StreamLimits()
-STATUS_SNAPSHOT_EVERY_S = 1.0  # how stale the metrics server's view of status() may be
 LedgerHandler = Callable[[Signed[Any]], Awaitable[None] | None]
 
 
@@ -195,9 +193,9 @@ class Node:
                     admin.serve_admin, admin.socket_path(config.home.path), node.admin_commands()
                 )
             if config.metrics_port is not None:
-                from node.net_metrics import serve_metrics
+                from node.net_metrics import keep_status_snapshot, serve_metrics
 
-                await nursery.start(node._refresh_status_snapshot)
+                await nursery.start(keep_status_snapshot, node)
                 stack.enter_context(serve_metrics(node, config.metrics_port))
             await node._join(nursery)
             yield node
@@ -452,22 +450,6 @@ class Node:
             "process": process.usage(),
             **{name: section() for name, section in self.status_extras.items()},
         }
-
-    async def _refresh_status_snapshot(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Keep ``status_snapshot`` fresh for readers on other threads (the metrics server):
-        ``status()`` reads SQLite connections and structures that belong to this event loop,
-        so only the loop calls it; a reader takes the last snapshot (a deep copy, replaced in
-        one assignment), at most ``STATUS_SNAPSHOT_EVERY_S`` old."""
-        started = False
-        while True:
-            try:
-                self.status_snapshot = copy.deepcopy(self.status())
-            except Exception as exc:  # a status section that fails must not end the node
-                log.warning("status snapshot failed: %s", exc)
-            if not started:
-                task_status.started()
-                started = True
-            await trio.sleep(STATUS_SNAPSHOT_EVERY_S)
 
     def admin_commands(self) -> dict[str, admin.Command]:
         async def status(_req: dict[str, Any]) -> dict[str, Any]:

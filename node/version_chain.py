@@ -50,6 +50,14 @@ class VersionChain:
         """Per version: ``bytes`` that travelled (fetched here, or published), ``full`` (the
         version's weights), ``patch`` (whether it travelled as a patch)."""
         self.refused_versions = 0
+        self.totals: dict[str, float] = {
+            "fetched_versions": 0,
+            "fetched_bytes": 0,
+            "fetch_seconds": 0.0,
+            "published_versions": 0,
+            "published_bytes": 0,
+        }
+        """Since the node started (the metrics' counters; ``transfers`` keeps the last few)."""
 
     async def weights(
         self,
@@ -125,6 +133,9 @@ class VersionChain:
             result.seconds,
         )
         self.count(self.store.manifest(version).message, moved)
+        self.totals["fetched_versions"] += 1
+        self.totals["fetched_bytes"] += moved
+        self.totals["fetch_seconds"] += result.seconds
         return True
 
     def check_whole(self, manifest: ShardManifest) -> None:
@@ -252,4 +263,5 @@ class VersionChain:
             "full_bytes": full,
             "saved_bytes": max(0, full - moved),
             "refused_versions": self.refused_versions,
+            "totals": dict(self.totals),
         }

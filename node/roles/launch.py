@@ -166,6 +166,8 @@ class RoleHandle:
                 "rollbacks": t.stats.rollbacks,
                 "published_at": t.stats.published_at,
                 "busy_s": round(t.stats.busy_seconds, 3),
+                "steps": len(t.stats.steps),
+                "published": len(t.stats.published_at),
                 "accountability": t.log.status(),  # records signed, training states held
                 "engine": t.healer.status(),  # restarts of the training child
             }

@@ -140,12 +140,26 @@ def quiet_relay_loggers() -> None:
     logging.getLogger("libp2p.relay.circuit_v2").setLevel(logging.WARNING)
 
 
+class _CountingHop(CircuitV2Protocol):
+    """py-libp2p's hop, counting the bytes it relays: it keeps no total of its own, and its
+    ``_read_stream_with_retry`` is called for circuit data only (``_relay_data``), once per
+    chunk read from either side (listed in ``swarm/internals.py``)."""
+
+    relayed_bytes = 0
+
+    async def _read_stream_with_retry(self, stream: Any, *args: Any, **kwargs: Any) -> Any:
+        data = await super()._read_stream_with_retry(stream, *args, **kwargs)
+        if data:
+            self.relayed_bytes += len(data)
+        return data
+
+
 class RelayHop:
     """A circuit relay v2 hop with limits (bootstrap peers run one)."""
 
     def __init__(self, host: Any, limits: RelayLimits = RELAY_LIMITS) -> None:
         self.limits = limits
-        self.protocol: Any = CircuitV2Protocol(host, limits=limits, allow_hop=True)
+        self.protocol: Any = _CountingHop(host, limits=limits, allow_hop=True)
 
     @classmethod
     @asynccontextmanager
@@ -161,6 +175,7 @@ class RelayHop:
         return {
             "reservations": len(getattr(manager, "_reservations", {}) or {}),
             "circuits": len(self.protocol._active_relays),
+            "relayed_bytes": self.protocol.relayed_bytes,
             "limits": {
                 "reservations": self.limits.max_reservations,
                 "circuits": self.limits.max_circuit_conns,

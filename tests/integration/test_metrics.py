@@ -1,10 +1,14 @@
-"""``--metrics-port`` on a role node (issue 15): a validator started with a metrics port answers
-a scrape over HTTP from another thread (it used to answer "A server error occurred": the
-metrics thread read SQLite through the event loop's connection), and its counters move with
-what it does: a refused submission shows under its check."""
+"""``--metrics-port`` on every role (issues 15 and 28): a live swarm on 127.0.0.1 (a bootstrap
+peer, a trainer, a validator and a worker, each serving metrics) trains a version, and a scrape of
+each answers over HTTP from another thread (the metrics thread reads a snapshot the event loop
+takes, never the loop's SQLite connections) with the counters an operator would graph, moving with
+what the role does: a refused submission shows under the validator's check, the worker's
+accepted work and fetched bytes, the trainer's steps and published versions, the bootstrap
+peer's connections."""
 
 from __future__ import annotations
 
+import re
 import urllib.request
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -27,13 +31,15 @@ from tests.netfactory import LOOPBACK, key_named, loopback_config, wait_until
 
 pytestmark = pytest.mark.slow
 
-OWNER, VALIDATOR, WORKER = (key_named(n) for n in ("m-owner", "m-validator", "m-worker"))
+OWNER, TRAINER, VALIDATOR, WORKER, PROBE = (
+    key_named(n) for n in ("m-owner", "m-trainer", "m-validator", "m-worker", "m-probe")
+)
 GENESIS = create_genesis(
     OWNER,
     name="metrics",
-    trainers=[OWNER.peer_id],
+    trainers=[TRAINER.peer_id],
     validators=[VALIDATOR.peer_id],
-    params=RunParams(group_size=2, batch_prompts=1, max_tokens=8),
+    params=RunParams(group_size=2, batch_prompts=1, max_tokens=8, eval_every=0),
     created_at=1,
 )
 
@@ -43,17 +49,27 @@ def scrape(port: int) -> str:
         return str(response.read().decode())
 
 
-async def test_a_validator_with_a_metrics_port_answers_a_scrape(tmp_path: Path) -> None:
+def value(text: str, sample: str) -> float:
+    """The value of one sample line (``name{labels}``), or -1 when absent."""
+    found = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else -1.0
+
+
+async def test_every_role_answers_a_scrape_with_its_counters(tmp_path: Path) -> None:
     async with AsyncExitStack() as stack:
         boot = await stack.enter_async_context(
             BootstrapPeer.start(
                 BootstrapConfig(
-                    key=key_named("m-boot"), listen=LOOPBACK, heartbeat=0.2, genesis=(GENESIS,)
+                    key=key_named("m-boot"),
+                    listen=LOOPBACK,
+                    heartbeat=0.2,
+                    genesis=(GENESIS,),
+                    metrics_port=0,
                 )
             )
         )
 
-        def config(key: NodeKey, role: str, metrics_port: int | None = None) -> RuntimeConfig:
+        def config(key: NodeKey, role: str, metrics_port: int | None = 0) -> RuntimeConfig:
             return loopback_config(
                 key,
                 GENESIS,
@@ -64,38 +80,79 @@ async def test_a_validator_with_a_metrics_port_answers_a_scrape(tmp_path: Path) 
                 metrics_port=metrics_port,
             )
 
-        node = await stack.enter_async_context(Node.start(config(VALIDATOR, "validator", 0)))
-        await stack.enter_async_context(
-            launch(
-                node,
-                tmp_path / "validator",
-                engine_factory=lambda: TorchEngine.from_dir(DEFAULT_MODEL_DIR),
-                data_channel=False,
+        ports: dict[str, int] = {}
+        for key, role in ((TRAINER, "trainer"), (VALIDATOR, "validator"), (WORKER, "inference")):
+            node = await stack.enter_async_context(Node.start(config(key, role)))
+            await stack.enter_async_context(
+                launch(
+                    node,
+                    tmp_path / role,
+                    engine_factory=lambda: TorchEngine.from_dir(DEFAULT_MODEL_DIR),
+                    data_channel=False,
+                    max_versions=2,
+                )
             )
+            assert node.metrics_port
+            ports[role] = node.metrics_port
+        assert boot.metrics_port
+        ports["bootstrap"] = boot.metrics_port
+        probe = await stack.enter_async_context(Node.start(config(PROBE, "inference", None)))
+
+        async def scraped(role: str, sample: str, at_least: float = 0.0) -> str | None:
+            text = await trio.to_thread.run_sync(scrape, ports[role])
+            return text if value(text, sample) >= at_least else None
+
+        # The swarm trains: the trainer steps and publishes, the worker is credited.
+        trainer = await wait_until(
+            lambda: scraped("trainer", "swarm_node_trainer_versions_published_total", 2), 180
         )
-        worker = await stack.enter_async_context(Node.start(config(WORKER, "inference")))
-        port = node.metrics_port
-        assert port
+        assert value(trainer, "swarm_node_trainer_steps_total") >= 1
+        assert value(trainer, "swarm_node_trainer_submissions_in_total") >= 1
+        assert value(trainer, "swarm_node_shardcast_published_bytes_total") > 0
+        assert value(trainer, "swarm_node_engine_restarts_total") == 0
+        worker = await wait_until(
+            lambda: scraped(
+                "inference", 'swarm_node_worker_submissions_total{outcome="accepted"}', 1
+            ),
+            120,
+        )
+        assert value(worker, "swarm_node_worker_samples_generated_total") >= 1
+        assert value(worker, "swarm_node_worker_generate_seconds_total") > 0
+        assert value(worker, 'swarm_node_worker_submissions_total{outcome="stale"}') >= 0
+        assert value(worker, "swarm_node_shardcast_fetched_bytes_total") > 0
+        assert value(worker, "swarm_node_shardcast_fetch_seconds_total") > 0
+        assert value(worker, "swarm_node_engine_restarts_total") == 0
 
-        async def scraped(wanted: str) -> str | None:
-            text = await trio.to_thread.run_sync(scrape, port)
-            return text if wanted in text else None
-
-        text = await wait_until(lambda: scraped("swarm_node_validator_claims"), timeout=20)
-        assert "swarm_node_evidence_bytes" in text and "swarm_node_status_age_seconds" in text
-        assert 'swarm_node_disk_bytes{entry="ledger.db"}' in text
-        assert "swarm_node_evidence_summarized_objects" in text
-        assert "swarm_node_validator_newcomer_judge_seconds_total" in text
-
+        validator = await trio.to_thread.run_sync(scrape, ports["validator"])
+        for name in (
+            "swarm_node_validator_claims",
+            "swarm_node_evidence_bytes",
+            "swarm_node_status_age_seconds",
+            "swarm_node_evidence_summarized_objects",
+            "swarm_node_validator_newcomer_judge_seconds_total",
+        ):
+            assert value(validator, name) >= 0, name
+        assert 'swarm_node_disk_bytes{entry="ledger.db"}' in validator
         garbage = RolloutSubmission("cd" * 16, 0, 0, ("1",), (Sample("1", (1,), 0, (), "stop"),), 1)
         await wait_until(
-            lambda: VALIDATOR.peer_id in worker.peers_by_role().get("validator", []), 20
+            lambda: VALIDATOR.peer_id in probe.peers_by_role().get("validator", []), 20
         )
         with pytest.raises(SwarmError, match="refused"):
-            await worker.request(
-                VALIDATOR.peer_id, SUBMIT, sign(garbage, WORKER).raw, SUBMIT_LIMITS
-            )
-        text = await wait_until(
-            lambda: scraped('swarm_node_validator_refusals_total{check="run"} 1.0'), timeout=10
+            await probe.request(VALIDATOR.peer_id, SUBMIT, sign(garbage, PROBE).raw, SUBMIT_LIMITS)
+        validator = await wait_until(
+            lambda: scraped("validator", 'swarm_node_validator_refusals_total{check="run"}', 1), 10
         )
-        assert 'swarm_node_validator_judged_total{outcome="accepted"} 0.0' in text
+        assert value(validator, 'swarm_node_validator_judged_total{outcome="accepted"}') >= 1
+
+        bootstrap = await trio.to_thread.run_sync(scrape, ports["bootstrap"])
+        assert value(bootstrap, "swarm_node_connected_peers") >= 4
+        assert value(bootstrap, "swarm_node_bootstrap_runs_routed") == 1
+        for name in (
+            "swarm_node_relay_reservations",
+            "swarm_node_relay_circuits",
+            "swarm_node_relay_bytes_total",
+            "swarm_node_bootstrap_dht_peers",
+            "swarm_node_uptime_seconds",
+            "swarm_node_warnings",
+        ):
+            assert value(bootstrap, name) >= 0, name
