@@ -90,6 +90,9 @@ GRPO_NUMBERS = (
 )
 """The record's numbers that configure the replayed GRPO step."""
 
+EXTRA_NUMBERS = ("rollback_to", "republished_from", "members_uncommitted")
+"""Numbers a record may add to the genesis's: they say why a step is not replayed."""
+
 STATE_TRIES = 4
 """State requests tried per chunk before the trainer counts as unreachable (no dispute)."""
 
@@ -166,7 +169,7 @@ class StepAuditor:
         if not isinstance(numbers, dict):
             return [Finding("wrong-params", "the record's config is not a map")]
         state = {"threads": numbers.get("threads"), "deterministic": numbers.get("deterministic")}
-        extra = {k: v for k, v in numbers.items() if k in ("rollback_to", "republished_from")}
+        extra = {k: v for k, v in numbers.items() if k in EXTRA_NUMBERS}
         expected = json.loads(step_config(self.params, state, **extra))
         wrong = sorted(k for k in set(expected) | set(numbers) if expected.get(k) != numbers.get(k))
         out = []
@@ -302,6 +305,9 @@ class StepAuditor:
             return self._not(out, f"a rollback to the weights of v{numbers['rollback_to']}")
         if "republished_from" in numbers:
             why = f"a round's copy of v{numbers['republished_from']} republished by a member"
+            return self._not(out, why)
+        if "members_uncommitted" in numbers:
+            why = f"{numbers['members_uncommitted']} member(s) of the round committed no gradient"
             return self._not(out, why)
         if not r.state_before or not r.state_after:
             return self._not(out, "a sharded trainer's step (no state commitments)")

@@ -372,6 +372,18 @@ class GroupRounds:
                 republished_from=step + 1,
             )
             return
+        if len(self._commitments) < len(members):
+            # A member committed nothing (a sharded trainer keeps no state here, or one from
+            # before commitments): the averaging cannot be replayed without its gradient.
+            await t.log.publish_record(
+                t.params,
+                parent=step,
+                min_version=min(min_version, step),
+                cited=t.queue.cited_by(step),
+                state=self._state,
+                members_uncommitted=len(members) - len(self._commitments),
+            )
+            return
         cited: list[tuple[bytes, int]] = []
         for raw in self._commitments:
             c = decode(raw, GradientCommitment).message
@@ -380,7 +392,7 @@ class GroupRounds:
             t.params,
             parent=step,
             min_version=min(min_version, step),
-            cited=cited if self._commitments else t.queue.cited_by(step),
+            cited=cited,
             state=self._state,
             members=self._commitments,
         )

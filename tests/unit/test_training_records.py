@@ -340,3 +340,37 @@ def _fields(r: TrainingRecord) -> dict[str, Any]:
     import dataclasses
 
     return {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+
+
+async def test_a_round_with_a_member_that_committed_nothing_is_not_replayed(
+    tmp_path: Path,
+) -> None:
+    from node.run import create_genesis
+    from node.tasks.suite import default_suite
+    from node.training_audit import StepAuditor
+
+    genesis = create_genesis(
+        NodeKey.from_seed(b"\x54" * 32),
+        name="uncommitted",
+        trainers=[TRAINER.peer_id],
+        validators=[VALIDATOR.peer_id],
+        params=RunParams(),
+        created_at=1,
+    )
+    node = SimpleNamespace(config=SimpleNamespace(genesis=genesis))
+    auditor = StepAuditor(
+        node,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        default_suite(),
+        tmp_path,
+        tmp_path / "work",
+        None,  # type: ignore[arg-type]
+        chat_template=False,
+    )
+    state = {"threads": 1, "deterministic": True}
+    config = step_config(RunParams(), state, members_uncommitted=1)
+    honest = record(5, [], min_version=4).message
+    signed = sign(TrainingRecord(**{**_fields(honest), "config": config}), TRAINER)
+    assert auditor.check_numbers(signed.message) == []
+    result = await auditor.audit(signed)
+    assert result.outcome == "not-replayed" and "committed no gradient" in result.detail
