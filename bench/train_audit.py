@@ -11,7 +11,7 @@ mixed in every group (all carry signal), every other group sampled by the versio
 (paired on the same step, so a noisy machine's drift cancels):
 
 - ``replay_over_step``: the wall time of ``ReplayChild.replay`` (model and state load, the step,
-  the commitments; run as ``node.training_audit`` runs it, without the trainer's state after)
+  the commitments; run as ``node.roles.training_audit`` runs it, without the trainer's state after)
   over the wall time of ``TrainerChild.step`` on the same batch (the step, the checkpoint, the
   version's file, the state file and its commitment: the trainer's real cost). Also the replay's
   own ``load_seconds + step_seconds`` over the step. Goal <= 1.2.
@@ -28,7 +28,7 @@ mixed in every group (all carry signal), every other group sampled by the versio
   Goal <= 0.05. ``audit_share_replay_only`` leaves the fetch out.
 - Several trainers (``--group-rounds``, on by default): two training children average each
   batch through hivemind, A on its first half, B on the rest, and each round is audited as
-  ``node.training_audit`` audits it. ``averaging_update_error`` (the largest over the rounds):
+  ``node.roles.training_audit`` audits it. ``averaging_update_error`` (the largest over the rounds):
   ``update_error`` of the publisher's state after against the averaging replayed from the
   members' committed gradients, the honest spread the tolerance is set against (hivemind's
   all-reduce sums in its own order); ``member_replay_bit_exact``: every member's gradient
@@ -143,7 +143,7 @@ def group_rounds(
     root: Path, model: Path, config: dict[str, Any], batches: list[list[Group]]
 ) -> dict[str, Any]:
     """Two training children average each batch through hivemind (A takes the first half, B
-    the rest); each round is audited as ``node.training_audit`` audits it: the averaging
+    the rest); each round is audited as ``node.roles.training_audit`` audits it: the averaging
     replayed from both committed gradients, then each member's gradient from its samples."""
     import threading
 

@@ -4,7 +4,7 @@ check the trainer from the swarm alone.
 The auditor joins as a throwaway node (as ``node.audit_swarm`` does), pulls the training records
 from the validators and the trainers (``/training/1``), the validators' receipts and training
 disputes (``/train-receipts/1``), and for each chosen version runs the checks and the replay of
-``node.training_audit.StepAuditor``: the cited verdicts and submissions by the evidence
+``node.roles.training_audit.StepAuditor``: the cited verdicts and submissions by the evidence
 protocol, the state before from the trainer, the published weights by SHARDCAST. Unlike the
 ledger audit the replay runs while the node is up: it runs in a child process, so the node's
 event loop keeps serving. The report holds one row per version, coverage per worker, and the
@@ -29,11 +29,11 @@ from node.audit_swarm import _find_validators, auditor_config
 from node.model.text import chat_template_wanted
 from node.roles.evaluation_sync import LIMITS, TrainingSync
 from node.roles.evidence import EvidenceService
+from node.roles.training_audit import StepAudit, StepAuditor, coverage, decode_receipts
 from node.run import suite_for
 from node.run_assets import local_data_set, local_model
 from node.runtime import Node
 from node.shardcast import ShardcastService
-from node.training_audit import StepAudit, StepAuditor, coverage, decode_receipts
 from node.version_chain import VersionChain
 from swarm.errors import ConfigError, SwarmError
 from swarm.evidence import EvidenceStore

@@ -52,10 +52,10 @@ honest hardware near the thresholds can cause them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
-from node.compute.engine import Engine, PrefillStates
 from swarm.errors import ProofError
 from swarm.sampling import (
     DEFAULT_TIE_TOLERANCE,
@@ -65,6 +65,36 @@ from swarm.sampling import (
     summarize,
 )
 from swarm.toploc import CHUNK_SIZE, TOPK, ProofCheck, ProofThresholds, verify_proofs_batch
+
+
+class PrefillStates(Protocol):
+    """One sample's recomputed states (``node.compute.engine.PrefillStates``)."""
+
+    hidden: Any
+
+    def logits(self, start: int, stop: int) -> Any: ...
+
+
+class EngineFacts(Protocol):
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def stop_ids(self) -> frozenset[int]: ...
+
+
+class Engine(Protocol):
+    """What the checks need of an engine (``node.compute.engine.Engine``, which calls them from
+    its ``verify``: this module depends on this shape, not on that one)."""
+
+    @property
+    def info(self) -> EngineFacts: ...
+
+    def prefill_stream(self, items: list[tuple[list[int], list[int]]]) -> Iterator[Any]: ...
+
+    def verify(
+        self, claims: list[SampleClaim], settings: VerifySettings
+    ) -> list[SampleVerdict]: ...
+
 
 DEFAULT_MODEL_SUBMISSION_MANT_ERR = 1.2
 """Submission-level bound on the mean mantissa error for the embedded default model (see above)."""

@@ -52,6 +52,9 @@ from swarm.sampling import GUMBEL_2
 
 MAX_FRAME = 256 * 1024 * 1024
 _ROOT = str(Path(__file__).resolve().parents[2])
+PARENT_ENV = "SWARM_RANK_PARENT"
+"""The pid of the training child that started a trainer's worker ranks (``node.compute.ranks``
+sets it, ``node.compute.fsdp`` reads it): here, below both, so neither imports the other."""
 
 
 # -- framing and array encoding ------------------------------------------------------------------

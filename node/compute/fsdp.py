@@ -55,10 +55,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from node.compute.child import read_frame, write_frame
+from node.compute.child import PARENT_ENV, read_frame, write_frame
 from node.compute.groups import Group, RoundFailed, StepStats
 from node.compute.grpo import GradientAverager, GRPOConfig, GRPOTrainer
-from node.compute.ranks import PARENT_ENV
 from swarm.errors import EngineError
 
 COLLECTIVE_TIMEOUT_S = 600.0

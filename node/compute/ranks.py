@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node.compute.child import _ROOT, read_frame, write_frame
+from node.compute.child import _ROOT, PARENT_ENV, read_frame, write_frame
 from node.compute.groups import Group, RoundFailed, StepStats
 from swarm.errors import EngineError
 
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 CLOSE_WAIT_S = 5.0
 DEATH_WAIT_S = 1.0
-PARENT_ENV = "SWARM_RANK_PARENT"
 """The training child's pid, given to each worker rank: it exits when that process is gone."""
 
 

@@ -113,7 +113,7 @@ def _param_names(model: Any) -> dict[int, str]:
 
 def gradient_of(model: Any, grads: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """A gradient (one tensor per parameter, ``model.parameters()`` order) by parameter name,
-    ``g/<name>``: the form a group member commits to and serves (``node.training_audit``)."""
+    ``g/<name>``: the form a group member commits to and serves (``node.roles.training_audit``)."""
     names = _param_names(model)
     return {
         f"g/{names[id(p)]}": g.detach().to("cpu")
@@ -178,7 +178,7 @@ class _Setup:
 
         from node.compute.groups import Group
         from node.compute.grpo import GRPOConfig, GRPOTrainer
-        from node.compute.train_child import tied_copies, tokenize_prompts
+        from node.compute.step_inputs import tied_copies, tokenize_prompts
         from node.model import load_causal_lm
         from node.model.loading import read_weights
         from node.model.text import ModelText
@@ -216,7 +216,7 @@ class _Setup:
 
 
 def replay(args: Mapping[str, Any]) -> dict[str, Any]:
-    """Replay one step (the replay child's ``replay`` request; ``node.training_audit``).
+    """Replay one step (the replay child's ``replay`` request; ``node.roles.training_audit``).
 
     ``args``: ``model_dir``, ``chat_template``, ``config`` (``GRPOConfig`` fields),
     ``serve_dtype``, ``pad_id``, ``threads``, ``seed``, ``parent`` (the version stepped from),
@@ -311,7 +311,7 @@ def replay_average(args: Mapping[str, Any]) -> dict[str, Any]:
     file, and the update's relative error of the publisher's state after against the replay
     (hivemind's all-reduce sums in its own order, so it is a tolerance, not bits)."""
     from node.compute.grpo import GRPOConfig, GRPOTrainer, served_weights
-    from node.compute.train_child import tied_copies
+    from node.compute.step_inputs import tied_copies
     from node.model import load_causal_lm
 
     model = load_causal_lm(Path(args["model_dir"]), dtype="float32", device="cpu")

@@ -35,12 +35,12 @@ from node.roles.evaluator import HOLD_TIMEOUT_S, Evaluator, keep_evaluations
 from node.roles.evidence import EvidenceService
 from node.roles.ledger_sync import LedgerReplica
 from node.roles.train_audit import TrainingAudits
+from node.roles.training_audit import StepAuditor
 from node.roles.validator import Validator
 from node.roles.worker import InferenceWorker, Tamper
 from node.run import TaskSource, eval_ids, suite_for
 from node.run_assets import AssetDirs, RunAssets, check_local, obtain
 from node.runtime import Node
-from node.training_audit import StepAuditor
 from swarm.errors import SwarmError
 from swarm.evidence import EvidenceStore
 from swarm.ledger import LedgerStore

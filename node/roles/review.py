@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -37,7 +37,35 @@ from swarm.ledger import EQUIVOCATION
 from swarm.messages import LedgerEvent, RolloutSubmission, Signed, Verdict
 
 if TYPE_CHECKING:
-    from node.roles.validator import Validator
+    from node.roles.claims import ClaimBook
+    from node.roles.evidence import EvidenceService
+    from node.roles.judge import Judgement
+    from node.runtime import Node
+    from swarm.ledger import LedgerStore
+    from swarm.messages import RunParams
+
+
+class Validator(Protocol):
+    """What peer review needs of its validator (``node.roles.validator.Validator``, which
+    imports this module: the review depends on this shape, not on that class)."""
+
+    @property
+    def node(self) -> Node: ...
+    @property
+    def params(self) -> RunParams: ...
+    @property
+    def claims(self) -> ClaimBook: ...
+    @property
+    def evidence(self) -> EvidenceService: ...
+    @property
+    def ledger(self) -> LedgerStore: ...
+
+    async def rejudge(
+        self, submission: Signed[RolloutSubmission], disputed: Signed[Verdict]
+    ) -> Judgement | None: ...
+
+    async def slash_equivocation(self, other: Signed[RolloutSubmission]) -> bool: ...
+
 
 log = logging.getLogger(__name__)
 

@@ -72,7 +72,7 @@ class SampleQueue:
     ) -> bool:
         """Queue one accepted submission's groups; False if it was queued before."""
         # ``seq`` never repeats, even once ``prune`` deleted the newest rows: a receipt's place
-        # in the queue is evidence (node.training_audit.skipped).
+        # in the queue is evidence (node.roles.training_audit.skipped).
         try:
             self._db.execute("BEGIN IMMEDIATE")
             cur = self._db.execute(

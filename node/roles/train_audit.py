@@ -25,8 +25,8 @@ from typing import Any
 
 import trio
 
+from node.roles.training_audit import Finding, StepAudit, StepAuditor, skipped
 from node.runtime import Node
-from node.training_audit import Finding, StepAudit, StepAuditor, skipped
 from swarm.errors import SwarmError
 from swarm.ledger.training import TrainingStore
 from swarm.messages import (

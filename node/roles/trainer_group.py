@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -43,7 +43,48 @@ from swarm.errors import SwarmError
 from swarm.messages import GradientCommitment, decode, train_seed
 
 if TYPE_CHECKING:
-    from node.roles.trainer import Trainer
+    from node.policy_feed import PolicyFeed
+    from node.roles.cheats import TrainerCheat
+    from node.roles.sample_queue import SampleQueue
+    from node.roles.trainer_records import TrainingLog
+    from node.roles.trainer_stats import TrainerStats
+    from node.runtime import Node
+    from swarm.messages import PolicyAnnouncement, RunParams, Signed
+
+
+class Trainer(Protocol):
+    """What a group's rounds need of their trainer (``node.roles.trainer.Trainer``, which
+    imports this module: the rounds depend on this shape, not on that class)."""
+
+    version: int
+    window_floor: int
+
+    @property
+    def node(self) -> Node: ...
+    @property
+    def params(self) -> RunParams: ...
+    @property
+    def feed(self) -> PolicyFeed: ...
+    @property
+    def queue(self) -> SampleQueue: ...
+    @property
+    def log(self) -> TrainingLog: ...
+    @property
+    def stats(self) -> TrainerStats: ...
+    @property
+    def cheat(self) -> TrainerCheat | None: ...
+    @property
+    def trainers(self) -> list[str]: ...
+
+    def child_or_fail(self) -> TrainerChild: ...
+    async def arrived(self) -> None: ...
+    async def publish(self, version: int) -> None: ...
+    async def adopt(
+        self, version: int, announced: Signed[PolicyAnnouncement] | None = None
+    ) -> None: ...
+    def record(self, stats: StepStats) -> StepStats: ...
+    def retain(self) -> None: ...
+
 
 log = logging.getLogger(__name__)
 

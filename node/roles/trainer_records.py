@@ -15,7 +15,7 @@ Decisions this module owns:
   of one (msgpack ``[version, offset, length]``, at most ``STATE_CHUNK`` bytes) and gets
   ``{"size", "data"}``. Only this trainer holds its state, so the many-peer pull of SHARDCAST
   has nothing to gain here: a range protocol from the one holder, checked against the record's
-  commitment once assembled (``node.training_audit``). A version past the window is refused
+  commitment once assembled (``node.roles.training_audit``). A version past the window is refused
   with the versions held.
 """
 

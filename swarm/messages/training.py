@@ -6,7 +6,7 @@ sample it was handed, and a validator's signed dispute of a step.
   decides the step, and sha256 commitments to its training state (float32 masters and AdamW
   moments, ``node.compute.train_state``) before and after, and to the served weights of the
   version. Replaying the step from the state before and the cited samples must give the state
-  after, bit for bit on the same kind of machine (``node.training_audit``).
+  after, bit for bit on the same kind of machine (``node.roles.training_audit``).
 - ``SampleReceipt``: the trainer's answer to a hand-off (``/samples/1``), kept by the validator.
   It says where the sample stands in the trainer's queue (``seq``): samples are trained oldest
   first inside the async window, so a record that cites a later sample while an earlier one of
@@ -106,7 +106,7 @@ class GradientCommitment:
     training state before the step and to its own gradient (float32, per parameter name, before
     averaging; ``node.compute.train_state.digest``). The publisher's ``TrainingRecord`` carries
     every member's commitment, so an audit can replay one member's gradient from its samples and
-    the averaging from the committed gradients (``node.training_audit``)."""
+    the averaging from the committed gradients (``node.roles.training_audit``)."""
 
     KIND: ClassVar[str] = "gradient-commitment"
     MAX_BYTES: ClassVar[int] = 24 * 1024

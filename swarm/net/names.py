@@ -43,8 +43,8 @@ TRAIN_RECEIPTS: Final = "train-receipts"
 """The sample receipts and training disputes a validator holds (``swarm-node audit
 --training``'s coverage)."""
 TRAIN_STATE: Final = "train-state"
-"""Auditor -> trainer: a byte range of a version's training state file (``node.training_audit``).
-"""
+"""Auditor -> trainer: a byte range of a version's training state file, or of a group member's
+gradient (``node.roles.training_audit``)."""
 EVIDENCE: Final = "evidence"
 """A signed envelope by its id (sha256 of its bytes): the evidence behind verdicts, served by
 every holder (``node.roles.evidence``)."""

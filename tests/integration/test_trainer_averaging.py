@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from node.compute.grpo import GRPOConfig, GRPOTrainer
 from node.compute.train_child import ReplayChild, TrainerChild
 from node.model import DEFAULT_MODEL_DIR, load_causal_lm, model_info
-from node.training_audit import UPDATE_TOLERANCE
+from node.roles.training_audit import UPDATE_TOLERANCE
 from swarm.identity import NodeKey
 from swarm.messages import GradientCommitment, decode, gradient_file
 from tests.unit.test_fsdp import CONFIG, assert_one_update_apart, batch, gradients

@@ -17,7 +17,7 @@ from node.compute.groups import Group
 from node.roles.cheats import trainer_cheat_by_spec
 from node.roles.sample_queue import SampleQueue
 from node.roles.trainer_records import TrainingLog, step_config
-from node.training_audit import coverage, skipped
+from node.roles.training_audit import coverage, skipped
 from swarm.errors import ConfigError, MalformedError, StorageError
 from swarm.identity import NodeKey
 from swarm.ledger.training import TrainingStore
@@ -233,9 +233,9 @@ def test_a_record_whose_numbers_are_not_the_genesis_is_wrong_params(tmp_path: Pa
     import json
 
     from node.model import DEFAULT_MODEL_DIR
+    from node.roles.training_audit import StepAuditor
     from node.run import create_genesis
     from node.tasks.suite import default_suite
-    from node.training_audit import StepAuditor
 
     params = RunParams(async_level=2)
     genesis = create_genesis(
@@ -292,9 +292,9 @@ def commitment(key: NodeKey, verdicts: list[bytes], *, version: int = 5, run: st
 def test_a_rounds_member_commitments_are_checked_against_the_genesis_and_the_record(
     tmp_path: Path,
 ) -> None:
+    from node.roles.training_audit import StepAuditor
     from node.run import create_genesis
     from node.tasks.suite import default_suite
-    from node.training_audit import StepAuditor
 
     other = NodeKey.from_seed(b"\x55" * 32)
     genesis = create_genesis(
@@ -345,9 +345,9 @@ def _fields(r: TrainingRecord) -> dict[str, Any]:
 async def test_a_round_with_a_member_that_committed_nothing_is_not_replayed(
     tmp_path: Path,
 ) -> None:
+    from node.roles.training_audit import StepAuditor
     from node.run import create_genesis
     from node.tasks.suite import default_suite
-    from node.training_audit import StepAuditor
 
     genesis = create_genesis(
         NodeKey.from_seed(b"\x54" * 32),
