@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from node.roles.trainer_stats import TrainerStats
     from node.runtime import Node
     from swarm.messages import PolicyAnnouncement, RunParams, Signed
+    from swarm.shardcast.fetch import ProgressCallback
 
 
 class Trainer(Protocol):
@@ -80,7 +81,10 @@ class Trainer(Protocol):
     async def arrived(self) -> None: ...
     async def publish(self, version: int) -> None: ...
     async def adopt(
-        self, version: int, announced: Signed[PolicyAnnouncement] | None = None
+        self,
+        version: int,
+        announced: Signed[PolicyAnnouncement] | None = None,
+        on_progress: ProgressCallback | None = None,
     ) -> None: ...
     def record(self, stats: StepStats) -> StepStats: ...
     def retain(self) -> None: ...
