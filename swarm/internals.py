@@ -45,6 +45,12 @@ LIBP2P: tuple[Internal, ...] = (
     Internal(DCUTR, "_hole_punch_attempts", "hole punching of relayed connections", "dcutr"),
     Internal(RELAY, "_active_relays", "the relay's circuit count in status", "relay_hop"),
     Internal(RELAY, "_read_stream_with_retry", "the relay's count of bytes relayed"),
+    Internal(
+        "libp2p.host.basic_host:BasicHost",
+        "multiselect",
+        "the guard against a protocol removed during negotiation (it can end the host)",
+        "host",
+    ),
     Internal(GOSSIPSUB, "_get_peers_to_send", "flood publishing to every subscribed peer"),
     Internal(GOSSIPSUB, "_perform_opportunistic_grafting", "opportunistic grafting's pace"),
     Internal(GOSSIPSUB, "_maintain_mesh_quality", "mesh quality upkeep's pace"),

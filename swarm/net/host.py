@@ -18,6 +18,8 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.network.config import RetryConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.protocol_muxer.exceptions import MultiselectError
+from libp2p.protocol_muxer.multiselect import Multiselect
 from libp2p.rcmgr import new_resource_manager
 from libp2p.rcmgr.connection_limits import ConnectionLimits
 from libp2p.utils.address_validation import expand_wildcard_address
@@ -123,7 +125,24 @@ def build_host(key: NodeKey, listen: Sequence[str], limits: HostLimits | None = 
     connector = getattr(network, "auto_connector", None)
     if connector is not None:
         connector.maybe_connect = _no_auto_connect
+    basic: Any = host  # a BasicHost: its negotiation, guarded (below)
+    basic.multiselect = _GuardedMultiselect(dict(basic.multiselect.handlers))
     return host
+
+
+class _GuardedMultiselect(Multiselect):
+    """py-libp2p's protocol negotiation, with one race closed: it checks that a protocol has a
+    handler, awaits its answer to the peer, then reads the handler. A handler removed in
+    between (``Overlay._quiesce`` removes GossipSub's while a node stops) raised ``KeyError``
+    out of the connection's nursery and ended the whole host (a CI failure of the validators'
+    swarm audit: ``KeyError: '/meshsub/1.1.0'``). Here it is what it is: a protocol this host
+    no longer speaks, a failed negotiation, the stream reset."""
+
+    async def negotiate(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().negotiate(*args, **kwargs)
+        except KeyError as exc:
+            raise MultiselectError(f"protocol {exc} was removed during negotiation") from exc
 
 
 async def _no_auto_connect() -> None:
