@@ -315,10 +315,12 @@ class Trainer:
             await self.group.join()
             return
         released = self.queue.recover(self.version)
+        # Before ``retain``: it drops the reservations of steps the checkpoint covers whose
+        # samples left the window, and the unanswered step's citations are among them.
+        await self._record_unanswered_step()
         self.retain()  # what arrived while the child started, checked against v0
         if released or self.version:
             log.info("resumed at policy v%d (%d samples back)", self.version, released)
-        await self._record_unanswered_step()
         await self.publish(self.version)
 
     async def _record_unanswered_step(self) -> None:
