@@ -363,12 +363,12 @@ class _Training:
     def _step_state(self, version: int, seed: int) -> dict[str, Any]:
         if self.states is None:
             return {}
-        from node.compute.train_state import _published_digest, digest, read_state
+        from node.compute.train_state import digest, published_digest, read_state
 
         return {
             "before": digest(read_state(self.states / f"s{version - 1}.safetensors")),
             "after": digest(read_state(self.states / f"s{version}.safetensors")),
-            "weights": _published_digest(self.policies / f"v{version}.safetensors", self.tied),
+            "weights": published_digest(self.policies / f"v{version}.safetensors", self.tied),
             "threads": self.threads,
             "seed": seed,
             "deterministic": True,

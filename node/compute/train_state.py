@@ -248,7 +248,7 @@ def replay(args: Mapping[str, Any]) -> dict[str, Any]:
         "kept_groups": stats.kept_groups,
     }
     if args.get("published"):
-        out["published"] = _published_digest(Path(args["published"]), run.tied)
+        out["published"] = published_digest(Path(args["published"]), run.tied)
     if args.get("after"):
         theirs = read_state(Path(args["after"]))
         out["their_after"] = digest(theirs)
@@ -256,7 +256,7 @@ def replay(args: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _published_digest(path: Path, tied: Mapping[str, str]) -> bytes:
+def published_digest(path: Path, tied: Mapping[str, str]) -> bytes:
     from node.model.loading import read_weights
 
     published = read_weights(str(path))
@@ -344,6 +344,6 @@ def replay_average(args: Mapping[str, Any]) -> dict[str, Any]:
         "before": digest(state),
         "their_after": digest(theirs),
         "their_weights": digest(served),
-        "published": _published_digest(Path(args["published"]), tied),
+        "published": published_digest(Path(args["published"]), tied),
         "update_error": update_error(after, theirs, state),
     }

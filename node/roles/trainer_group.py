@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -198,12 +199,8 @@ class GroupRounds:
         arrived: list[object] = []
         why = f"nothing arrived within {ADOPT_WAIT_S:g} s"
         try:
-            with trio.CancelScope(deadline=trio.current_time() + ADOPT_WAIT_S) as attempt:
-
-                def progressed(p: object) -> None:  # a fetch that makes progress is not cut
-                    arrived.append(p)
-                    attempt.deadline = trio.current_time() + ADOPT_WAIT_S
-
+            attempt, progressed = _cut_when_idle(ADOPT_WAIT_S, arrived.append)
+            with attempt:
                 await t.feed.fetch_version(known, on_progress=progressed)
             if not attempt.cancelled_caught:
                 await t.adopt(known)  # the file is here: check its manifest, load it
@@ -227,12 +224,9 @@ class GroupRounds:
         ``ADOPT_WAIT_S``. A fetch that makes progress is never cut: cut and begun again, a
         copy slower than the wait (a first patch needs its whole base fetched first) would
         never arrive."""
-        with trio.CancelScope(deadline=trio.current_time() + ADOPT_WAIT_S) as scope:
-
-            def arrived(_: object) -> None:
-                scope.deadline = trio.current_time() + ADOPT_WAIT_S
-
-            await self.t.adopt(version, on_progress=arrived)
+        scope, progressed = _cut_when_idle(ADOPT_WAIT_S)
+        with scope:
+            await self.t.adopt(version, on_progress=progressed)
             return True
         return False
 
@@ -458,3 +452,18 @@ class GroupRounds:
         t.version = version
         self.status.published_here += 1
         return t.node.peer_id
+
+
+def _cut_when_idle(
+    wait_s: float, also: Callable[[Any], object] | None = None
+) -> tuple[trio.CancelScope, Callable[[Any], None]]:
+    """A cancel scope that ends ``wait_s`` after the last call of its callback (a fetch's
+    ``on_progress``, which also calls ``also``): a fetch that makes progress is never cut."""
+    scope = trio.CancelScope(deadline=trio.current_time() + wait_s)
+
+    def progressed(p: Any) -> None:
+        scope.deadline = trio.current_time() + wait_s
+        if also is not None:
+            also(p)
+
+    return scope, progressed
