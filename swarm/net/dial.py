@@ -7,6 +7,7 @@ libp2p dial and run the Noise handshake, which fails when the peer there has ano
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 from collections.abc import Sequence
@@ -124,6 +125,12 @@ async def dial_once(host: Any, addr: str, timeout: float) -> str | None:
     network = host.get_network()
     if hasattr(network, "unblock_peer"):
         network.unblock_peer(info.peer_id)  # our backoff decides when to retry, not its cache
+    # py-libp2p dials one address per transport class (``Swarm.dial_peer``: TCP's first in the
+    # peerstore), so an address kept from a peer's previous life shadowed ``addr``: a node
+    # restarted on a new port was dialed at its old one, "connection refused", and every
+    # dial-back called it private (docs/RELIABILITY.md). This attempt is at ``addr`` alone.
+    with contextlib.suppress(Exception):
+        host.get_peerstore().clear_addrs(info.peer_id)
     try:
         with trio.fail_after(timeout):
             await host.connect(info)
