@@ -74,6 +74,39 @@ class DhtRecords:
         except SwarmError:
             return None
 
+    async def newest_advert(self, run_id: str, peer_id: str) -> Signed[RoleAdvert] | None:
+        """The newest valid RoleAdvert the swarm holds for ``peer_id``, whatever our own store
+        holds. ``get_advert`` reads a peer that does not serve the DHT (a private node, in
+        client mode) through py-libp2p's ``get_value``, which answers from our local store
+        alone once that holds a copy: a peer restarted with new addresses (a trainer's new
+        hivemind DHT) was read stale until the copy expired, and two trainers never met
+        again (``/tmp/stress/kills.py``, docs/RELIABILITY.md). This asks the peer itself
+        when it serves the DHT, otherwise the ``_ASK_CLOSEST`` closest peers our table knows
+        (a network lookup when it knows none), and keeps the newest by ``issued_at``."""
+        key = advert_key(run_id, peer_id)
+        if self._connected(peer_id) and self._serves_dht(peer_id):
+            return await self._advert_from(peer_id, key)
+        raw = key.encode()
+        closest = self.dht.routing_table.find_local_closest_peers(raw, _ASK_CLOSEST)
+        if not closest:
+            try:
+                closest = await self.dht.peer_routing.find_closest_peers_network(raw)
+            except Exception as exc:
+                log.debug("closest-peers lookup failed: %s", exc)
+        found: list[Signed[RoleAdvert]] = []
+
+        async def ask(peer: str) -> None:
+            advert = await self._advert_from(peer, key)
+            if advert is not None:
+                found.append(advert)
+
+        async with trio.open_nursery() as nursery:
+            for peer in {str(p) for p in closest[:_ASK_CLOSEST]} - {self._me}:
+                nursery.start_soon(ask, peer)
+        local = await self.get_advert(run_id, peer_id) if not found else None
+        found += [local] if local is not None else []
+        return max(found, key=lambda a: a.message.issued_at, default=None)
+
     def _serves_dht(self, peer_id: str) -> bool:
         """The peer said (identify) it answers DHT requests: a private node, in client mode,
         does not, and its advert is found by the walk only."""

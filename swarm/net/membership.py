@@ -206,7 +206,7 @@ class Membership:
         known = self._peers.get(peer)
         if known is None:
             return None
-        signed = await self.overlay.records.get_advert(self.run_id, peer)
+        signed = await self.overlay.records.newest_advert(self.run_id, peer)
         if (
             signed is not None
             and self._accept(known.message.role, signed)
@@ -240,7 +240,7 @@ class Membership:
         """Look ``peer_id``'s advert up again now (its addresses may have changed: a new relay),
         keeping it when newer; returns what we hold."""
         known = self._peers.get(peer_id)
-        signed = await self.overlay.records.get_advert(self.run_id, peer_id)
+        signed = await self.overlay.records.newest_advert(self.run_id, peer_id)
         if (
             signed is not None
             and (known is None or known.message.issued_at < signed.message.issued_at)
