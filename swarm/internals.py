@@ -73,12 +73,46 @@ LIBP2P: tuple[Internal, ...] = (
         "redialing a restarted peer within py-libp2p's 60 s dial backoff",
     ),
 )
+PARTIAL_ROUNDS = "telling a partial all-reduce (a peer died mid-round) from a whole one"
 HIVEMIND: tuple[Internal, ...] = (
     Internal(
         "hivemind.p2p.p2p_daemon:P2P",
         "_client",
         "connecting trainers' averagers to each other (several trainers cannot average)",
         "p2p",
+    ),
+    Internal(
+        "hivemind.averaging.averager:DecentralizedAverager", "_aggregate_with_group", PARTIAL_ROUNDS
+    ),
+    Internal(
+        "hivemind.averaging.averager:DecentralizedAverager",
+        "_running_groups",
+        PARTIAL_ROUNDS,
+        "instance",
+    ),
+    Internal(
+        "hivemind.averaging.allreduce:AllReduceRunner",
+        "tensor_part_container",
+        PARTIAL_ROUNDS,
+        "instance",
+    ),
+    Internal(
+        "hivemind.averaging.allreduce:AllReduceRunner",
+        "tensor_part_reducer",
+        PARTIAL_ROUNDS,
+        "instance",
+    ),
+    Internal(
+        "hivemind.averaging.partition:TensorPartContainer",
+        "failed_size",
+        PARTIAL_ROUNDS,
+        "instance",
+    ),
+    Internal(
+        "hivemind.averaging.partition:TensorPartReducer",
+        "sender_failed_after",
+        PARTIAL_ROUNDS,
+        "instance",
     ),
 )
 

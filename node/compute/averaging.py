@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import math
 import os
 import secrets
 import signal
@@ -65,6 +66,8 @@ LIVE_S = 6.0
 WANT_S = 20.0
 DONE_S = 24 * 3600.0
 AVERAGING_TIMEOUT_S = 10.0
+ROUND_LIMIT_S = 6 * AVERAGING_TIMEOUT_S
+"""The longest a round may take, group search and all-reduce together, before it fails."""
 MATCHMAKING_S = 1.0
 DHT_TIMEOUT_S = 5.0
 
@@ -109,7 +112,7 @@ class TrainerGroup:
         self.peer = peer
         self.prefix = f"swarm-node/{run_id}"
         self.dht = hivemind.DHT(host_maddrs=[f"/ip4/{host}/tcp/0"], start=True)
-        self.averager = DecentralizedAverager(
+        self.averager = WholeRoundsAverager(
             [torch.zeros_like(p, device="cpu") for p in params],
             self.dht,
             prefix=f"{self.prefix}/grads",
@@ -134,16 +137,23 @@ class TrainerGroup:
     def addrs(self) -> list[str]:
         return [str(a) for a in self.dht.get_visible_maddrs()]
 
-    def connect(self, addrs: list[str]) -> None:
-        """Add other trainers' DHT addresses (from their adverts); unreachable ones are skipped."""
+    def connect(self, addrs: list[str], again: bool = False) -> list[str]:
+        """Add other trainers' DHT addresses (from their adverts); returns those not reached
+        (a stale advert: its trainer restarted with a new DHT; the caller reads it again).
+        An address reached before is skipped unless ``again`` (a trainer missing from the live
+        set: our routing table may have dropped it)."""
+        failed = []
         for addr in addrs:
-            if addr in self._connected or addr in self.addrs():
+            if (addr in self._connected and not again) or addr in self.addrs():
                 continue
             try:
                 self.dht.run_coroutine(_Connect(addr), return_future=True).result(DHT_TIMEOUT_S)
                 self._connected.add(addr)
-            except Exception as exc:  # a stale advert: the next discovery tries again
-                log.info("hivemind peer %s not reached: %s", addr, exc)
+                log.info("hivemind peer %s reached", addr)
+            except Exception as exc:
+                log.warning("hivemind peer %s not reached: %s", addr, exc)
+                failed.append(addr)
+        return failed
 
     def _heartbeat(self) -> None:
         while not self._stop.is_set():
@@ -241,7 +251,7 @@ class TrainerGroup:
             for t, g in zip(tensors, grads, strict=True):
                 t.copy_(g)
         try:
-            gathered = self.averager.step(
+            control = self.averager.step(
                 gather={
                     "peer": self.peer,
                     "version": version,
@@ -252,7 +262,15 @@ class TrainerGroup:
                 },
                 weight=float(samples),
                 timeout=AVERAGING_TIMEOUT_S,
+                wait=False,
             )
+            # ``timeout`` bounds the search for a group only; a round that never ends (a peer
+            # that stopped answering mid all-reduce) would hold the trainer forever.
+            try:
+                gathered = control.result(ROUND_LIMIT_S)
+            except TimeoutError:
+                control.cancel()
+                raise
         except Exception as exc:
             # Others of this round may have finished it: void it for them too, so that no one
             # publishes a round whose samples some member is about to release.
@@ -264,6 +282,16 @@ class TrainerGroup:
             self._void(version, {attempt})
             raise RoundFailed(f"averaging round for v{version} found no group")
         infos = list(gathered.values())
+        partial = sorted({str(i[PARTIAL]) for i in infos if i.get(PARTIAL)})
+        with self.averager.get_tensors() as tensors:
+            finite = all(bool(torch.isfinite(t).all()) for t in tensors)
+        if partial or not finite:
+            # hivemind finished the round without a peer (or with 0/0 in it): a step on
+            # neither our samples nor the group's. Void it, so no member publishes it.
+            self.stats.rounds_failed += 1
+            self._void(version, {str(i.get("attempt", "")) for i in infos} - {""} | {attempt})
+            why = "; ".join(partial) or "the average holds inf or NaN"
+            raise RoundFailed(f"averaging round for v{version} was partial: {why}")
         if any(int(i["version"]) != version for i in infos):
             self.stats.rounds_failed += 1
             raise RoundFailed(
@@ -312,6 +340,49 @@ class TrainerGroup:
             self.dht.shutdown()
 
 
+PARTIAL = "partial"
+"""The key a member adds to its own gathered entry when its all-reduce lost a peer mid-way."""
+
+
+def partial_of(runner: Any) -> str | None:
+    """Why hivemind's all-reduce ``runner`` finished short of its group, or None when every
+    part came back reduced over every sender. hivemind keeps going when a peer fails mid-way:
+    the parts that peer reduced for us keep our own values (``register_failed_reducer``), and
+    the parts we reduce leave its contribution out from where it failed (``on_sender_failed``;
+    0/0 when the senders left all have weight 0). Read from private fields
+    (``swarm/internals.py``): a round is only known partial while they exist."""
+    container = getattr(runner, "tensor_part_container", None)
+    reducer = getattr(runner, "tensor_part_reducer", None)
+    why = []
+    missing = int(getattr(container, "failed_size", 0) or 0)
+    if missing:
+        why.append(f"{missing} values came back unreduced")
+    parts = getattr(reducer, "num_parts", math.inf)
+    after = getattr(reducer, "sender_failed_after", [])
+    failed = [i for i, n in enumerate(after) if n < parts]  # it left before sending its all
+    if failed:
+        why.append(f"{len(failed)} sender(s) left the parts we reduced")
+    return ", ".join(why) or None
+
+
+class WholeRoundsAverager(DecentralizedAverager):  # type: ignore[misc]
+    """A ``DecentralizedAverager`` whose gathered data says when its all-reduce was partial
+    (``partial_of``): our own entry gains ``PARTIAL``. Raising instead would make hivemind
+    retry the round on tensors already half averaged."""
+
+    async def _aggregate_with_group(
+        self, group_info: Any, min_vector_size: int, **kwargs: Any
+    ) -> Any:
+        gathered = await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
+        running = self._running_groups.get(group_info.group_id)
+        why = partial_of(running.result()) if running is not None and running.done() else None
+        mine = gathered.get(self.peer_id) if isinstance(gathered, dict) else None
+        if why and isinstance(mine, dict):
+            log.warning("a round's all-reduce was partial: %s", why)
+            gathered = {**gathered, self.peer_id: {**mine, PARTIAL: why}}
+        return gathered
+
+
 class _Connect:
     """Runs inside hivemind's DHT process: connect p2pd to ``addr`` and ping it into the routing
     table (hivemind has no public call to add a peer after start)."""
@@ -326,4 +397,7 @@ class _Connect:
         maddr = Multiaddr(self.addr)
         peer_id = PeerID.from_base58(maddr["p2p"])
         await node.p2p._client.connect(peer_id, [maddr.decapsulate(f"/p2p/{maddr['p2p']}")])
-        await node.protocol.call_ping(peer_id, validate=False, strict=False)
+        # call_ping answers None (never raises) when the peer did not respond: a connection
+        # that cannot carry the DHT's RPCs, which must be tried again, not taken as met.
+        if await node.protocol.call_ping(peer_id, validate=False, strict=False) is None:
+            raise ConnectionError(f"{peer_id} did not answer the DHT's ping")

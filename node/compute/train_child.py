@@ -113,8 +113,10 @@ class TrainerChild(FramedChild):
         self._call("relabel", {"version": version})
         self.version = version
 
-    def connect(self, addrs: list[str]) -> None:
-        self._call("connect", {"addrs": addrs})
+    def connect(self, addrs: list[str], again: bool = False) -> list[str]:
+        """Connect the child's DHT to these (``again``: those reached before too); returns the
+        addresses it could not reach."""
+        return [str(a) for a in self._call("connect", {"addrs": addrs, "again": again}) or []]
 
     def wanted(self, version: int) -> list[str]:
         return [str(p) for p in self._call("wanted", {"version": version})]
@@ -427,8 +429,9 @@ class _Training:
         if self.group is None:
             raise EngineError(f"{op!r} needs a trainer group (the genesis names one trainer)")
         if op == "connect":
-            self.group.connect([str(a) for a in args["addrs"]])
-            return None
+            return self.group.connect(
+                [str(a) for a in args["addrs"]], again=bool(args.get("again", False))
+            )
         if op == "wanted":
             return self.group.wanted(int(args["version"]))
         if op == "void":

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -99,6 +99,10 @@ TAKEOVER_AFTER_S = 60.0
 """A live publisher that announces nothing for this long is taken over anyway."""
 ADOPT_WAIT_S = 8.0
 """How long a member tries to fetch the publisher's copy before asking whether it is alive."""
+MEET_EVERY_S = 5.0
+"""How long a trainer the swarm lists may be missing from the group's live set before we read
+its advert again and connect to it (``_meet_missing``); the gap doubles while it stays away."""
+MEET_MAX_S = 60.0
 LOST_AFTER_S = 10.0
 """How long a version announced by a trainer that left the group must stay unfetchable before
 the others call it lost and go on without it."""
@@ -115,6 +119,9 @@ class GroupRounds:
         """The training child's commitments of the round being published."""
         self._commitments: list[bytes] = []
         """The members' signed gradient commitments of that round, in member order."""
+        self._meet_at: dict[str, float] = {}
+        self._meet_gap: dict[str, float] = {}
+        """Trainers missing from the live set: when to meet each next, and the gap after."""
 
     @property
     def child(self) -> TrainerChild:
@@ -125,23 +132,62 @@ class GroupRounds:
 
     # -- meeting the group ---------------------------------------------------------------------
 
-    async def _trainer_addrs(self) -> list[str]:
-        """The hivemind addresses in the other trainers' adverts (an advert read before its
-        trainer's child started is read again)."""
+    async def _trainer_addrs(self) -> dict[str, list[str]]:
+        """The hivemind addresses in the other trainers' adverts, by trainer (an advert read
+        before its trainer's child started is read again)."""
         node = self.t.node
-        out: list[str] = []
+        out: dict[str, list[str]] = {}
         for peer in node.peers_by_role().get("trainer", []):
             advert = node.membership.advert_of(peer)
             if advert is not None and "hivemind" not in advert.message.capabilities:
                 advert = await node.membership.refresh(peer)
-            if advert is not None:
-                out += [str(a) for a in advert.message.capabilities.get("hivemind", [])]
+            if advert is not None and advert.message.capabilities.get("hivemind"):
+                out[peer] = [str(a) for a in advert.message.capabilities["hivemind"]]
         return out
 
-    async def connect_new_trainers(self) -> None:
-        addrs = await self._trainer_addrs()
-        if addrs:
-            await self._sync(self.child.connect, addrs)
+    async def connect_new_trainers(self, reread: Collection[str] = ()) -> None:
+        """Connect our child's DHT to the other trainers' advertised ones. A trainer in
+        ``reread`` (missing from the live set) has its advert read again and its addresses
+        tried even when reached before; one whose every address failed (it restarted since
+        we read its advert: a new DHT) has its advert read again and is tried once more."""
+        node, child = self.t.node, self.child
+        for peer in reread:
+            await node.membership.refresh_advert(peer)
+        by_peer = await self._trainer_addrs()
+        known = [a for p, addrs in by_peer.items() if p not in reread for a in addrs]
+        failed = set(await self._sync(child.connect, known))
+        again = [a for p, addrs in by_peer.items() if p in reread for a in addrs]
+        if again:
+            log.info("meeting trainers missing from the group: %s", [p[-8:] for p in reread])
+            failed |= set(await self._sync(child.connect, again, True))
+        for peer, addrs in by_peer.items():
+            if not set(addrs) <= failed:
+                continue
+            advert = await node.membership.refresh_advert(peer)
+            fresh = [] if advert is None else advert.message.capabilities.get("hivemind", [])
+            if fresh and set(fresh) != set(addrs):
+                await self._sync(child.connect, [str(a) for a in fresh])
+
+    async def _meet_missing(self, live: Collection[str]) -> None:
+        """Trainers the swarm lists (a live advert) that are not in the group's live set are
+        read again and connected, even while rounds go on: two trainers whose DHTs lost each
+        other would each train alone and publish competing versions. Each is tried after
+        ``MEET_EVERY_S``, then at doubling gaps up to ``MEET_MAX_S`` while it stays missing
+        (a killed trainer's advert outlives it, and a dial to its stale addresses can take
+        the whole DHT timeout off the round loop)."""
+        missing = set(self.t.node.peers_by_role().get("trainer", [])) - set(live)
+        for peer in set(self._meet_gap) - missing:  # met, or gone from the swarm's list
+            del self._meet_gap[peer], self._meet_at[peer]
+        now = time.monotonic()
+        due = sorted(p for p in missing if self._meet_at.get(p, now + MEET_EVERY_S) <= now)
+        for peer in missing - set(self._meet_at):
+            self._meet_at[peer], self._meet_gap[peer] = now + MEET_EVERY_S, MEET_EVERY_S
+        if not due:
+            return
+        await self.connect_new_trainers(reread=due)
+        for peer in due:
+            self._meet_gap[peer] = gap = min(2 * self._meet_gap[peer], MEET_MAX_S)
+            self._meet_at[peer] = time.monotonic() + gap
 
     async def join(self) -> None:
         t, node, child = self.t, self.t.node, self.child
@@ -153,7 +199,7 @@ class GroupRounds:
             while not await self._trainer_addrs():
                 await node.membership.discover()
                 await trio.sleep(0.5)
-        await self._sync(child.connect, await self._trainer_addrs())
+        await self.connect_new_trainers()
         first = t.trainers[0]
         with trio.move_on_after(3 if node.peer_id == first else 10):
             await node.policy.wait_for(0)  # a running swarm answers the catch-up at once
@@ -278,6 +324,7 @@ class GroupRounds:
             return
         live = await self._sync(child.live)
         self.status.peers = sorted(live)
+        await self._meet_missing(live)
         share = max(1, math.ceil(t.params.submissions_per_step / max(1, len(live))))
         idle_from = time.perf_counter()
         wanted = await self._round_wanted(min_version, share)

@@ -5,6 +5,7 @@ restart."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,3 +174,73 @@ def test_the_publisher_is_the_member_that_joined_first() -> None:
     assert publisher_of(infos) == "B" == publisher_of(list(reversed(infos)))
     assert publisher_of([{"peer": "B", "joined": 1.0}, {"peer": "A", "joined": 1.0}]) == "A"
     assert publisher_of([{"peer": "B"}, {"peer": "C", "joined": 5.0}]) == "C"  # older software
+
+
+class Advert:
+    def __init__(self, addrs: list[str]) -> None:
+        self.message = type("M", (), {"capabilities": {"hivemind": addrs}})()
+
+
+class MeetingChild(FakeChild):
+    """Records each connect: the addresses and whether those reached before were tried too."""
+
+    def __init__(self, live: dict[str, int]) -> None:
+        super().__init__(live_peers=live)
+        self.connects: list[tuple[list[str], bool]] = []
+
+    def connect(self, addrs: list[str], again: bool = False) -> list[str]:
+        self.connects.append((addrs, again))
+        return []
+
+
+class Membership:
+    def __init__(self, adverts: dict[str, list[str]]) -> None:
+        self.adverts = adverts
+        self.reread: list[str] = []
+
+    def peers_by_role(self) -> dict[str, list[str]]:
+        return {"trainer": sorted(self.adverts)}
+
+    def advert_of(self, peer: str) -> Advert:
+        return Advert(self.adverts[peer])
+
+    async def refresh_advert(self, peer: str) -> Advert:
+        self.reread.append(peer)
+        return Advert(self.adverts[peer])
+
+
+async def test_a_trainer_missing_from_the_group_is_met_again_at_doubling_gaps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two trainers whose DHTs lost each other would each train alone: a trainer the swarm
+    lists but the live set lacks has its advert read again and its addresses dialled even if
+    reached before, after MEET_EVERY_S and then at doubling gaps while it stays missing."""
+    clock = [0.0]
+    monkeypatch.setattr(trainer_group.time, "monotonic", lambda: clock[0])
+    child = MeetingChild({"me": 3})
+    t = FakeTrainer(child, 3, {}, SampleQueue(tmp_path / "q.db"))
+    members = Membership({"me": ["/me"], "other": ["/other"]})
+    t.node.membership = members
+    t.node.peers_by_role = members.peers_by_role
+    rounds = GroupRounds(t)  # type: ignore[arg-type]
+
+    met_at = []
+    for _ in range(400):  # 40 s of rounds, one per 0.1 s
+        await rounds._meet_missing(child.live())
+        if child.connects and child.connects[-1][1]:
+            met_at.append(clock[0])
+            child.connects.clear()
+        clock[0] = round(clock[0] + 0.1, 1)
+    gaps = [round(b - a) for a, b in itertools.pairwise(met_at)]
+    assert met_at[0] == trainer_group.MEET_EVERY_S and gaps == [10, 20]
+    assert "other" in members.reread and "me" not in members.reread
+
+    child.live_peers["other"] = 3  # met: back to the first gap if it goes missing again
+    await rounds._meet_missing(child.live())
+    del child.live_peers["other"]
+    start, child.connects = clock[0], []
+    while not child.connects:
+        await rounds._meet_missing(child.live())
+        clock[0] = round(clock[0] + 0.1, 1)
+    assert round(clock[0] - 0.1 - start) == trainer_group.MEET_EVERY_S
+    assert child.connects == [(["/me"], False), (["/other"], True)]  # our own: skipped there
