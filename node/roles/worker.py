@@ -38,7 +38,14 @@ from node.rl.submission import build_submission
 from node.run import TaskSource, suite_for
 from node.runtime import Node
 from swarm.assignment import assign, assignment_key
-from swarm.errors import ConfigError, EngineError, NetworkError, PeerError, SwarmError
+from swarm.errors import (
+    ConfigError,
+    EngineError,
+    NetworkError,
+    PeerError,
+    ProofError,
+    SwarmError,
+)
 from swarm.messages import PolicyAnnouncement, RolloutSubmission, Signed, Verdict, decode, sign
 from swarm.net.names import SUBMIT
 from swarm.net.protocols import SUBMIT_LIMITS
@@ -154,6 +161,8 @@ class WorkerStats:
     """Requests made of each version held, as ``"37 of 64"`` (runs with a quota)."""
     quota_waits: int = 0
     """Times the newest version's quota was used up and the worker waited for the next one."""
+    unprovable_versions: list[int] = field(default_factory=list)
+    """Versions whose weights gave work no proof can commit to (inf or NaN): left unused."""
 
 
 class InferenceWorker:
@@ -222,6 +231,24 @@ class InferenceWorker:
                     # next request starts on the restarted child, which reloads its weights.
                     if not await self.healer.recover(exc):
                         await trio.sleep_forever()  # given up: status and the log say why
+                except ProofError as exc:
+                    self._leave_unprovable(exc)
+
+    def _leave_unprovable(self, exc: ProofError) -> None:
+        """The loaded version's weights give work no proof can commit to (a broken policy:
+        inf or NaN in its hidden states). Leave it, and work on an older version still in the
+        window or wait for the next one; the node stays up."""
+        bad = self.loaded
+        log.error(
+            "policy v%s gives work no proof can commit to (%s); not used: working on the next"
+            " version",
+            bad,
+            exc,
+        )
+        if bad is not None:
+            self._fetched.pop(bad, None)
+            self.stats.unprovable_versions.append(bad)
+        self.loaded = None
 
     async def _withdraw(self, why: str) -> None:
         """The engine cannot be brought back: stop advertising the inference role (the node
