@@ -60,6 +60,8 @@ T = TypeVar("T")
 
 RETRY_FIRST_S = 1.0  # outbox retry after a failed hand-off, doubling up to RETRY_MAX_S
 RETRY_MAX_S = 8.0
+AWAY_S = 5.0
+"""How long a trainer found with no stream (dead or restarting) is passed over in hand-offs."""
 DEAD_AFTER_REFUSALS = 5
 """A trainer that refuses one hand-off this many times (reachable, answering, saying no) makes it
 a dead letter: no longer tried, kept in the outbox and shown in ``status`` (``dead_letters``)."""
@@ -122,6 +124,8 @@ class Validator:
         self._lock = trio.Lock()
         self._newcomer_slot = trio.Lock()
         self._handoff = trio.Event()
+        self._away: dict[str, float] = {}
+        """Trainers found with no stream, and until when their share goes to the next one."""
         self._last_pull = -PULL_EVERY_S
         self.review = PeerReview(self)
         self.healer = EngineHealer(engine, on_give_up=self._withdraw)
@@ -485,9 +489,14 @@ class Validator:
                 for p in self.ledger.pending_handoffs(64 + len(self.dead_letters))
                 if p not in self.dead_letters
             ]
-            away: set[str] = set()  # trainers with no stream this round: the next one takes
+            # Trainers with no stream (dead, or restarting) for AWAY_S: the next of each
+            # submission's order takes their share meanwhile, without waiting on a backoff.
+            now = trio.current_time()
+            self._away = {t: until for t, until in self._away.items() if until > now}
+            away = set(self._away)
             slow: set[str] = set()  # trainers that timed out: asked again next round only
-            failed = False
+            failed = False  # work is left that no trainer took: retry after a backoff
+            newly_away = False
             for verdict_id, row_trainer in pending:
                 held = self._handoff_pair(verdict_id)
                 if held is None:
@@ -500,22 +509,30 @@ class Validator:
                 order = trainer_order(submission_id, self.node.config.genesis.message.trainers)
                 trainer = next((t for t in order if t not in away), None)
                 if trainer is None or trainer in slow:
+                    failed = True
                     continue
                 body = msgpack.packb(pair, use_bin_type=True)
                 try:
                     answer = await self.node.request(trainer, SAMPLES, body, SAMPLES_LIMITS)
                 except SwarmError as exc:
-                    failed = True
-                    unreachable = type(exc) is NetworkError or isinstance(exc, RequestTimeout)
                     if type(exc) is NetworkError:
                         # No stream at all: the work was not handed, so the next trainer in
-                        # its order may take it. (After a timeout the trainer may hold it:
-                        # that one is asked again, never a second trainer.)
+                        # its order may take it (the outbox is read again at once, without
+                        # this one). After a timeout the trainer may hold it: that one is
+                        # asked again, never a second trainer.
                         away.add(trainer)
-                    elif unreachable:
-                        # One attempt (and one log line) per trainer per round, not one per
-                        # waiting submission; a refusal of one item does not hold up the rest.
-                        slow.add(trainer)
+                        self._away[trainer] = trio.current_time() + AWAY_S
+                        newly_away = True
+                        log.warning(
+                            "trainer %s did not take accepted work (its share goes to the next"
+                            " trainer for %.0f s): %s",
+                            trainer[-8:],
+                            AWAY_S,
+                            exc,
+                        )
+                        await self.node.forget_peer(trainer)
+                        continue
+                    failed = True
                     log.warning(
                         "trainer %s did not take accepted work (%d waiting; retry in %.0f s): %s",
                         trainer[-8:],
@@ -523,9 +540,11 @@ class Validator:
                         backoff,
                         exc,
                     )
-                    if type(exc) is NetworkError:  # no stream at all, not a refusal or timeout
-                        await self.node.forget_peer(trainer)
-                    elif not unreachable:
+                    if isinstance(exc, RequestTimeout):
+                        # One attempt (and one log line) per trainer per round, not one per
+                        # waiting submission.
+                        slow.add(trainer)
+                    else:  # a refusal of one item does not hold up the rest
                         self._refused_handoff((verdict_id, row_trainer), exc)
                     continue
                 self._keep_receipt(answer, trainer, verdict_id)
@@ -535,6 +554,8 @@ class Validator:
                 await trio.sleep(backoff)  # retry later: the outbox keeps the work
                 backoff = min(backoff * 2, RETRY_MAX_S)
                 continue
+            if newly_away:
+                continue  # what was offered to it goes to the next trainer now
             backoff = RETRY_FIRST_S
             if len(pending) < 64:
                 await self._handoff.wait()
