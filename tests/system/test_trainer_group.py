@@ -41,6 +41,17 @@ def policy(swarm: LocalSwarm) -> int:
     return int(swarm.proc("validator").status.get("policy_version") or 0)
 
 
+def _print_log_tails(swarm: LocalSwarm, chars: int = 6000) -> None:
+    """What each process and training child said last (pytest shows it with a failure: a CI
+    run keeps no other trace of the nodes)."""
+    for proc in swarm.procs:
+        logs = [proc.log_path, *sorted(proc.home.glob("runs/*/trainer-child.log"))]
+        for log in logs:
+            if log.exists():
+                text = log.read_text(errors="replace")
+                print(f"----- {proc.name}: {log.name} (last {chars} chars) -----\n{text[-chars:]}")
+
+
 def _heavy_modules(swarm: LocalSwarm, name: str) -> list[str]:
     return list(swarm.proc(name).status["process"]["heavy_modules"])
 
@@ -119,6 +130,9 @@ async def test_two_trainers_average_and_survive_kill_9(tmp_path: Path) -> None:
         # Its main process stays light: the model, tokenizer and hivemind live in its child.
         assert _heavy_modules(swarm, first) == []
         in_flight[other] = await _kill_and_go_on(swarm, other)
+    except BaseException:
+        _print_log_tails(swarm)
+        raise
     finally:
         swarm.stop()
 
