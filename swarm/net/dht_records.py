@@ -80,7 +80,7 @@ class DhtRecords:
         client mode) through py-libp2p's ``get_value``, which answers from our local store
         alone once that holds a copy: a peer restarted with new addresses (a trainer's new
         hivemind DHT) was read stale until the copy expired, and two trainers never met
-        again (``/tmp/stress/kills.py``, docs/RELIABILITY.md). This asks the peer itself
+        again (``bench/trainer_kills.py``, docs/RELIABILITY.md). This asks the peer itself
         when it serves the DHT, otherwise the ``_ASK_CLOSEST`` closest peers our table knows
         (a network lookup when it knows none), and keeps the newest by ``issued_at``."""
         key = advert_key(run_id, peer_id)
