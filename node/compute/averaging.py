@@ -66,8 +66,14 @@ LIVE_S = 6.0
 WANT_S = 20.0
 DONE_S = 24 * 3600.0
 AVERAGING_TIMEOUT_S = 10.0
-ROUND_LIMIT_S = 6 * AVERAGING_TIMEOUT_S
-"""The longest a round may take, group search and all-reduce together, before it fails."""
+ALLREDUCE_TIMEOUT_S = 30.0
+"""The longest an all-reduce may take once its group formed."""
+CHUNK_TIMEOUT_S = 10.0
+"""A peer that sends no next part for this long is left out of the all-reduce (hivemind's
+``next_chunk_timeout``; its reducers get twice this)."""
+ROUND_LIMIT_S = 2 * (AVERAGING_TIMEOUT_S + ALLREDUCE_TIMEOUT_S)
+"""The longest a round may take, group search and all-reduce together (hivemind retries
+once within its timeout), before it fails: a last guard should hivemind's own not fire."""
 MATCHMAKING_S = 1.0
 DHT_TIMEOUT_S = 5.0
 
@@ -122,6 +128,12 @@ class TrainerGroup:
             min_matchmaking_time=MATCHMAKING_S,
             request_timeout=0.5,
             part_size_bytes=4 << 20,
+            # hivemind waits for a stuck (not dead) peer's parts forever by default, holding
+            # the averaged tensors' lock: the trainer went silent for good (a CI run of
+            # test_group_training_audit, bench/trainer_kills.py once). A late sender or
+            # reducer is left out instead (a partial round: voided, see ``average``).
+            allreduce_timeout=ALLREDUCE_TIMEOUT_S,
+            next_chunk_timeout=CHUNK_TIMEOUT_S,
         )
         self.tensor_bytes = sum(p.numel() * 4 for p in params)
         self.version = 0
@@ -269,8 +281,10 @@ class TrainerGroup:
             try:
                 gathered = control.result(ROUND_LIMIT_S)
             except TimeoutError:
+                if control.done():  # hivemind's own limit on the all-reduce
+                    raise TimeoutError(f"all-reduce over {ALLREDUCE_TIMEOUT_S:g} s") from None
                 control.cancel()
-                raise
+                raise TimeoutError(f"no result within {ROUND_LIMIT_S:g} s") from None
         except Exception as exc:
             # Others of this round may have finished it: void it for them too, so that no one
             # publishes a round whose samples some member is about to release.
@@ -282,9 +296,12 @@ class TrainerGroup:
             self._void(version, {attempt})
             raise RoundFailed(f"averaging round for v{version} found no group")
         infos = list(gathered.values())
+        total = sum(int(i["samples"]) for i in infos)
         partial = sorted({str(i[PARTIAL]) for i in infos if i.get(PARTIAL)})
-        with self.averager.get_tensors() as tensors:
-            finite = all(bool(torch.isfinite(t).all()) for t in tensors)
+        finite = True
+        if total > 0:  # with no samples in the round, its average (0/0) is never used
+            with self.averager.get_tensors() as tensors:
+                finite = all(bool(torch.isfinite(t).all()) for t in tensors)
         if partial or not finite:
             # hivemind finished the round without a peer (or with 0/0 in it): a step on
             # neither our samples nor the group's. Void it, so no member publishes it.
@@ -299,7 +316,6 @@ class TrainerGroup:
             )
         members = sorted(str(i["peer"]) for i in infos)
         self._attempts[version] = {str(i.get("attempt", "")) for i in infos} - {""}
-        total = sum(int(i["samples"]) for i in infos)
         if total > 0:
             with self.averager.get_tensors() as tensors:
                 for t, g in zip(tensors, grads, strict=True):
