@@ -86,13 +86,7 @@ class DhtRecords:
         key = advert_key(run_id, peer_id)
         if self._connected(peer_id) and self._serves_dht(peer_id):
             return await self._advert_from(peer_id, key)
-        raw = key.encode()
-        closest = self.dht.routing_table.find_local_closest_peers(raw, _ASK_CLOSEST)
-        if not closest:
-            try:
-                closest = await self.dht.peer_routing.find_closest_peers_network(raw)
-            except Exception as exc:
-                log.debug("closest-peers lookup failed: %s", exc)
+        closest = await self._closest(key.encode())
         found: list[Signed[RoleAdvert]] = []
 
         async def ask(peer: str) -> None:
@@ -106,6 +100,19 @@ class DhtRecords:
         local = await self.get_advert(run_id, peer_id) if not found else None
         found += [local] if local is not None else []
         return max(found, key=lambda a: a.message.issued_at, default=None)
+
+    async def _closest(self, raw: bytes) -> list[Any]:
+        """The peers closest to ``raw`` that our routing table knows; an iterative network
+        lookup only when it knows none (a lookup per role per round would cost every node a
+        busy CPU), and our connections when that fails."""
+        closest = self.dht.routing_table.find_local_closest_peers(raw, _ASK_CLOSEST)
+        if not closest:
+            try:
+                closest = await self.dht.peer_routing.find_closest_peers_network(raw)
+            except Exception as exc:
+                log.debug("closest-peers lookup failed: %s", exc)
+                closest = list(self.host.get_connected_peers())
+        return list(closest)
 
     def _serves_dht(self, peer_id: str) -> bool:
         """The peer said (identify) it answers DHT requests: a private node, in client mode,
@@ -161,15 +168,7 @@ class DhtRecords:
         raw = bytes.fromhex(key)
         store = self.dht.provider_store
         found: dict[str, Any] = {str(p.peer_id): p for p in store.get_providers(raw)}
-        # The closest peers our routing table knows; an iterative network lookup only when it
-        # knows none (a lookup per role per round would cost every node a busy CPU).
-        closest = self.dht.routing_table.find_local_closest_peers(raw, _ASK_CLOSEST)
-        if not closest:
-            try:
-                closest = await self.dht.peer_routing.find_closest_peers_network(raw)
-            except Exception as exc:
-                log.debug("closest-peers lookup failed: %s", exc)
-                closest = list(self.host.get_connected_peers())
+        closest = await self._closest(raw)
 
         async def ask(peer: Any) -> None:
             with trio.move_on_after(_QUERY_TIMEOUT_S):
