@@ -16,6 +16,11 @@ submissions of one assignment (no model either). Each precheck judgement names i
 the validator refuses such work before it claims, stores or prefills anything (issue 15: cheap
 before dear), and counts refusals by check.
 
+``decide`` is the validator's one call: every stage in order, the precheck, then (let in by the
+``Desk``: the judge lock) the assignment's claims shared by the validators, then the model. The
+``Desk`` is the validator's I/O (its claim book, the evidence protocol, the engine), so the
+order of the checks lives here alone and the validator only fetches, locks and records.
+
 Severity follows the design: ``hard`` (slash) for what only a cheater produces (replays,
 unassigned prompts or seeds, wrong tokens, false finishes, proofs far outside the thresholds);
 ``soft`` (reject, no slash) for what honest nodes can cause (a version that fell out of the window
@@ -37,11 +42,13 @@ The result is a plain description; the caller signs the Verdict and the ledger e
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from node.compute.engine import Engine
 from node.rl.rollout import sample_index, score_samples
+from node.roles.claims import Claim
 from node.run import TaskSource
 from node.verify import SampleClaim, SampleVerdict, submission_tolerated, verify_samples
 from swarm.assignment import assign, assignment_key, quota_refusal
@@ -63,8 +70,14 @@ class Judgement:
     metrics: dict[str, int | str] = field(default_factory=dict)
     check: str = "model"
     """Which check decided (``run``, ``ban``, ``window``, ``quota``, ``manifest``,
-    ``assignment``, ``layout``, ``seed``, ``termination``, ``model``): the validator counts
-    refusals by it; not part of the Verdict."""
+    ``assignment``, ``layout``, ``seed``, ``termination``, ``claim``, ``claims``, ``model``):
+    the validator counts refusals by it; not part of the Verdict."""
+    refused: bool = False
+    """Not judged: the validator refuses the submission at its door (nothing claimed, stored or
+    slashed there). A re-judge of work another validator credited records a hard one."""
+    related: tuple[Signed[RolloutSubmission], ...] = ()
+    """Other signed submissions the verdict rests on (an equivocation's other one): stored
+    with it as evidence."""
 
     def verdict(self, submission: Signed[RolloutSubmission], created_at: int) -> Verdict:
         return Verdict(
@@ -87,7 +100,9 @@ def _reject(severity: str, *reasons: str, **metrics: int | str) -> Judgement:
 
 
 def _refuse(check: str, severity: str, *reasons: str, **metrics: int | str) -> Judgement:
-    return Judgement(False, severity, list(reasons), metrics=dict(metrics), check=check)
+    return Judgement(
+        False, severity, list(reasons), metrics=dict(metrics), check=check, refused=True
+    )
 
 
 @dataclass
@@ -209,12 +224,17 @@ def equivocation(
         or (o.run_id, o.policy_version, o.counter) != (s.run_id, s.policy_version, s.counter)
     ):
         return None
-    return _reject(
+    return Judgement(
+        False,
         "hard",
-        EQUIVOCATION,
-        f"request {s.counter} of policy v{s.policy_version} was also signed as submission"
-        f" {other.id.hex()[:16]}",
-        **{OTHER_SUBMISSION: other.id.hex()},
+        [
+            EQUIVOCATION,
+            f"request {s.counter} of policy v{s.policy_version} was also signed as submission"
+            f" {other.id.hex()[:16]}",
+        ],
+        metrics={OTHER_SUBMISSION: other.id.hex()},
+        check="claims",
+        related=(other,),
     )
 
 
@@ -407,3 +427,91 @@ def judge(
     )
     metrics["mean_reward_micro"] = round(sum(rewards) / len(rewards) * REWARD_SCALE)
     return Judgement(True, "none", [], rewards, metrics)
+
+
+class Desk(Protocol):
+    """The I/O around one judgement (``decide``): what the validator holds and fetches."""
+
+    @property
+    def me(self) -> str:
+        """This validator's peer id."""
+        ...
+
+    async def admit(self) -> None:
+        """Let the submission in to the dear stages (the claims, the model): called once the
+        precheck passed. Takes the judge lock, held until the caller has recorded the
+        judgement; raises to refuse (a newcomer past its share, a validator that no longer
+        judges)."""
+
+    def claims(self, submission: Signed[RolloutSubmission]) -> list[Claim]:
+        """The claims known here on the submission's assignment."""
+        ...
+
+    def claim(self, submission: Signed[RolloutSubmission]) -> None:
+        """Claim the assignment for this validator, before the model judges it."""
+
+    async def fetch(self, claim: Claim) -> Signed[Any] | None:
+        """The envelope a claim names, from its validator (None when it is not served)."""
+
+    async def on_engine(
+        self, submission: Signed[RolloutSubmission], work: Callable[[Engine], Judgement]
+    ) -> Judgement | None:
+        """``work`` on an engine holding the submission's policy version, off the event loop;
+        None when that version's weights are not held here."""
+
+
+async def decide(
+    submission: Signed[RolloutSubmission], ctx: JudgeContext, desk: Desk, *, claims: bool = True
+) -> Judgement:
+    """The whole judgement of ``submission``, cheapest stage first: the precheck (no lock, no
+    model), then, once ``desk.admit()`` let it in, the assignment's claims (``claims=False``
+    when re-judging work judged elsewhere, which claims nothing), then the model. A refused
+    judgement (``Judgement.refused``) is the caller's to refuse, not to record."""
+    early = precheck(submission, ctx, counter_seen=False)
+    if early is not None:
+        return early
+    await desk.admit()
+    if claims:
+        decided = await _claims_stage(submission, desk)
+        if decided is not None:
+            return decided
+        desk.claim(submission)
+
+    def on(engine: Engine) -> Judgement:
+        return judge(submission, ctx, engine, counter_seen=False, prechecked=True)
+
+    judged = await desk.on_engine(submission, on)
+    version = submission.message.policy_version
+    return judged or _reject("soft", f"policy v{version} is not held here")
+
+
+async def _claims_stage(submission: Signed[RolloutSubmission], desk: Desk) -> Judgement | None:
+    """None when nobody else claimed the assignment; an equivocation's Judgement when another
+    signed submission of it did; a refusal for a copy judged by another validator, and for an
+    assignment claimed by a submission nobody serves (judged once, by whoever claimed it)."""
+    s = submission.message
+    where = f"request {s.counter} of policy v{s.policy_version}"
+    known = desk.claims(submission)
+    for claim in known:
+        if claim.submission == submission.id and claim.validator != desk.me:
+            return _refuse(
+                "claim",
+                "none",
+                f"{where} was judged by validator {claim.validator}; it is not judged twice",
+            )
+    others = [c for c in known if c.submission != submission.id]
+    for claim in others:
+        other = await desk.fetch(claim)
+        if other is None or not isinstance(other.message, RolloutSubmission):
+            continue
+        judgement = equivocation(submission, other)
+        if judgement is not None:
+            return judgement
+    if others:
+        return _refuse(
+            "claim",
+            "none",
+            f"{where} is claimed by submission {others[0].submission.hex()[:16]}"
+            f" (validator {others[0].validator[-8:]}); not judged",
+        )
+    return None

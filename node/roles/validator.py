@@ -23,6 +23,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -36,7 +37,7 @@ from node.roles.admission import NewcomerShare, PeerRateLimit
 from node.roles.cheats import Rogue
 from node.roles.claims import Claim, ClaimBook
 from node.roles.evidence import EvidenceService
-from node.roles.judge import JudgeContext, Judgement, equivocation, judge, precheck
+from node.roles.judge import JudgeContext, Judgement, decide, equivocation
 from node.roles.review import PeerReview
 from node.roles.verdicts import Recorded, record_judgement
 from node.run import TaskSource, suite_for
@@ -68,6 +69,14 @@ a dead letter: no longer tried, kept in the outbox and shown in ``status`` (``de
 SUBMIT_RATE_PER_S = 2.0  # per peer; an honest worker submits once per generation (seconds)
 SUBMIT_BURST = 8
 PULL_EVERY_S = 1.0  # at most one policy pull prompted by submissions, per this interval
+
+
+class _JudgedAlready(Exception):
+    """The submission was judged here while it waited for the judge lock: its verdict."""
+
+    def __init__(self, verdict: Signed[Verdict]) -> None:
+        super().__init__("judged already")
+        self.verdict = verdict
 
 
 def trainer_order(submission_id: bytes, trainers: Collection[str]) -> list[str]:
@@ -209,66 +218,33 @@ class Validator:
         )
 
     async def handle(self, submission: Signed[RolloutSubmission]) -> Signed[Verdict]:
-        """Check, then decide, then record: the precheck (no model) first, before the judge
-        lock, a claim, any storage or a prefill, refusing (``ValidationError``, counted by
-        check) what it decides; then the assignment's claims (a copy judged elsewhere is
-        refused; a different submission of it is an equivocation), then the model; sign,
-        store, gossip."""
+        """Ask the judge (``decide``: the precheck, the claims, the model, in that order), then
+        record: sign, store, gossip. What the judge refuses is refused (``ValidationError``,
+        counted by check) with nothing claimed, stored or prefilled; a submission delivered
+        again gets its verdict again."""
         again = self._verdict_again(submission)
         if again is not None:  # delivered again: the same verdict, no second credit
             return again
         ctx = self._context()
-        refusal = precheck(submission, ctx, counter_seen=False)
-        if refusal is not None:
-            self.stats.refuse(refusal.check)
-            raise ValidationError(f"refused ({refusal.check}): {'; '.join(refusal.reasons)}")
-        if self.healer.failed is not None:
-            raise EngineError(f"this validator no longer judges: {self.healer.failed}")
-        # Newcomers (no accepted work yet) queue for the judge one at a time, behind a slot of
-        # their own, within their share of judge time (``NewcomerShare``): a flood of fresh
-        # keys competes with itself, and a worker with a history waits behind at most one
-        # newcomer's judgement, and not often.
-        newcomer = not self.has_history(submission.signer)
-        if not newcomer:
-            self.newcomers.trusted_seen()
-            return await self._decide(submission, ctx)
-        async with self._newcomer_slot:
-            try:
-                self.newcomers.check()
-            except ValidationError:
-                self.stats.refuse("newcomer share")
-                raise
-            return await self._decide(submission, ctx, newcomer=True)
-
-    async def _decide(
-        self, submission: Signed[RolloutSubmission], ctx: JudgeContext, *, newcomer: bool = False
-    ) -> Signed[Verdict]:
-        """Claims, then the model, then sign, store and gossip: under the judge lock."""
-        me = self.node.peer_id
-        s = submission.message
-        async with self._lock:
-            again = self._verdict_again(submission)
-            if again is not None:
-                return again
-            claims = self.claims.of(submission.signer, s.policy_version, s.counter)
-            judgement, related = await self._check_claims(submission, claims)
-            if judgement is None:
-                self.claims.claim(submission.signer, s.policy_version, s.counter, submission.id, me)
-                started = time.perf_counter()
-                judgement = await self._judge(submission, ctx)
-                took = time.perf_counter() - started
-                self.stats.judge_seconds += took
-                if newcomer:
-                    self.stats.newcomer_judge_seconds += took
-                    self.newcomers.spend(took)
-                if self.rogue is not None:
+        try:
+            async with _Desk(self, submission) as desk:
+                judgement = await decide(submission, ctx, desk)
+                if judgement.refused:
+                    self.stats.refuse(judgement.check)
+                    raise ValidationError(
+                        f"refused ({judgement.check}): {'; '.join(judgement.reasons)}"
+                    )
+                if self.rogue is not None and judgement.check == "model":
                     judgement = self.rogue(submission, judgement, ctx)
-            # Accepted work enters the outbox in the verdict's own transaction: a kill at any
-            # point loses neither. The outbox holds the verdict's id; the verdict names the
-            # submission, which goes to one trainer (the first of its rendezvous order;
-            # ``_deliver`` moves on).
-            trainers = trainer_order(submission.id, self.node.config.genesis.message.trainers)
-            recorded = self._record(submission, judgement, related=related, hand_to=trainers[:1])
+                # Accepted work enters the outbox in the verdict's own transaction: a kill at
+                # any point loses neither. The outbox holds the verdict's id; the verdict names
+                # the submission, which goes to one trainer (the first of its rendezvous order;
+                # ``_deliver`` moves on). Recorded under the judge lock: a second copy meets
+                # this verdict, never a second judgement.
+                trainers = trainer_order(submission.id, self.node.config.genesis.message.trainers)
+                recorded = self._record(submission, judgement, hand_to=trainers[:1])
+        except _JudgedAlready as judged:
+            return judged.verdict
         self._count(judgement)
         await self.publish(recorded)
         if judgement.accepted:
@@ -297,37 +273,6 @@ class Validator:
                     return decode(raw, Verdict)
         return None
 
-    async def _check_claims(
-        self, submission: Signed[RolloutSubmission], claims: list[Claim]
-    ) -> tuple[Judgement | None, list[Signed[RolloutSubmission]]]:
-        """None when nobody else claimed the assignment; an equivocation's Judgement (with the
-        other submission) when a different one did. Refuses (``ValidationError``) a copy judged
-        by another validator, and an assignment claimed by a submission nobody serves."""
-        me = self.node.peer_id
-        s = submission.message
-        where = f"request {s.counter} of policy v{s.policy_version}"
-        for claim in claims:
-            if claim.submission == submission.id and claim.validator != me:
-                self.stats.refused += 1
-                raise ValidationError(
-                    f"{where} was judged by validator {claim.validator}; it is not judged twice"
-                )
-        others = [c for c in claims if c.submission != submission.id]
-        for claim in others:
-            other = await self.evidence.fetch(claim.submission, [claim.validator])
-            if other is None or not isinstance(other.message, RolloutSubmission):
-                continue
-            judgement = equivocation(submission, other)
-            if judgement is not None:
-                return judgement, [other]
-        if others:
-            self.stats.refused += 1
-            raise ValidationError(
-                f"{where} is claimed by submission {others[0].submission.hex()[:16]}"
-                f" (validator {others[0].validator[-8:]}); not judged"
-            )
-        return None, []
-
     async def rejudge(
         self, submission: Signed[RolloutSubmission], disputed: Signed[Verdict]
     ) -> Judgement | None:
@@ -337,20 +282,18 @@ class Validator:
         a dispute; returns the judgement, or None when the weights are not held here."""
         s = submission.message
         p = self.params
-        async with self._lock:
-            if self.feed.path_of(s.policy_version) is None:
-                return None
-            ctx = JudgeContext(
-                self.node.run_id,
-                p,
-                self.suite,
-                s.policy_version,
-                Balances(p.initial_balance, p.ban_threshold),
-                self.feed.manifests(range(s.policy_version, s.policy_version + 1)),
-            )
-            judgement = precheck(submission, ctx, counter_seen=False) or await self._judge(
-                submission, ctx
-            )
+        if self.feed.path_of(s.policy_version) is None:
+            return None
+        ctx = JudgeContext(
+            self.node.run_id,
+            p,
+            self.suite,
+            s.policy_version,
+            Balances(p.initial_balance, p.ban_threshold),
+            self.feed.manifests(range(s.policy_version, s.policy_version + 1)),
+        )
+        async with _Desk(self, submission, review=True) as desk:
+            judgement = await decide(submission, ctx, desk, claims=False)
             if judgement.accepted or judgement.severity != "hard":
                 return judgement
             recorded = self._record(submission, judgement, disputed=disputed)
@@ -376,7 +319,7 @@ class Validator:
             judgement = equivocation(other, decode(raw, RolloutSubmission))
             if judgement is None:
                 return False
-            recorded = self._record(other, judgement, related=[decode(raw, RolloutSubmission)])
+            recorded = self._record(other, judgement)
         self._count(judgement)
         await self.publish(recorded)
         return True
@@ -386,7 +329,6 @@ class Validator:
         submission: Signed[RolloutSubmission],
         judgement: Judgement,
         *,
-        related: list[Signed[RolloutSubmission]] | None = None,
         disputed: Signed[Verdict] | None = None,
         hand_to: Sequence[str] = (),
     ) -> Recorded:
@@ -399,7 +341,7 @@ class Validator:
             submission,
             judgement,
             self.params,
-            related=related or [],
+            related=list(judgement.related),
             disputed=disputed,
             earned=earned,
             hand_to=hand_to,
@@ -407,12 +349,16 @@ class Validator:
         self.claims.note(recorded.verdict)
         return recorded
 
-    async def _judge(self, submission: Signed[RolloutSubmission], ctx: JudgeContext) -> Judgement:
-        """The model's part of the judgement (the precheck passed): on the submission's version.
-        A dead engine child is restarted (``EngineHealer``) and the submission answered with an
-        error: its claim holds no verdict, so the worker's resend is judged."""
+    async def _on_engine(
+        self, submission: Signed[RolloutSubmission], work: Callable[[Engine], Judgement]
+    ) -> Judgement | None:
+        """The model's part of the judgement (``Desk.on_engine``; the caller holds the judge
+        lock). A dead engine child is restarted (``EngineHealer``) and the submission answered
+        with an error: its claim holds no verdict, so the worker's resend is judged."""
         try:
-            return await self._judge_on_engine(submission, ctx)
+            if not await self._load(submission.message.policy_version):
+                return None
+            return await trio.to_thread.run_sync(work, self.engine)
         except EngineError as exc:
             if await self.healer.recover(exc):
                 raise EngineError(
@@ -423,16 +369,6 @@ class Validator:
     async def _withdraw(self, why: str) -> None:
         """The engine cannot be brought back: stop advertising the validator role."""
         await self.node.membership.withdraw()
-
-    async def _judge_on_engine(
-        self, submission: Signed[RolloutSubmission], ctx: JudgeContext
-    ) -> Judgement:
-        version = submission.message.policy_version
-        if not await self._load(version):
-            return Judgement(False, "soft", [f"policy v{version} is not held here"])
-        return await trio.to_thread.run_sync(
-            lambda: judge(submission, ctx, self.engine, counter_seen=False, prechecked=True)
-        )
 
     async def _load(self, version: int) -> bool:
         """Put ``version`` on the engine (caller holds the judge lock); False when not held
@@ -610,3 +546,84 @@ class Validator:
         submission_id = decode(verdict, Verdict).message.submission_id
         submission = self.evidence.store.get(submission_id)
         return None if submission is None else (submission_id, [submission, verdict])
+
+
+class _Desk:
+    """One submission's way through the judge (``node.roles.judge.Desk``): the validator's
+    I/O, and the locks the judgement holds until the validator has recorded it."""
+
+    def __init__(
+        self, validator: Validator, submission: Signed[RolloutSubmission], *, review: bool = False
+    ) -> None:
+        self.validator = validator
+        self.submission = submission
+        self.review = review
+        """Re-judging work another validator credited: no newcomer's share, no claim."""
+        self.newcomer = False
+        self.started: float | None = None
+        self._held = AsyncExitStack()
+
+    @property
+    def me(self) -> str:
+        return self.validator.node.peer_id
+
+    async def __aenter__(self) -> _Desk:
+        await self._held.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> bool | None:
+        return await self._held.__aexit__(*exc)  # type: ignore[arg-type]
+
+    async def admit(self) -> None:
+        v = self.validator
+        if self.review:
+            await self._held.enter_async_context(v._lock)
+            return
+        if v.healer.failed is not None:
+            raise EngineError(f"this validator no longer judges: {v.healer.failed}")
+        # Newcomers (no accepted work yet) queue for the judge one at a time, behind a slot of
+        # their own, within their share of judge time (``NewcomerShare``): a flood of fresh
+        # keys competes with itself, and a worker with a history waits behind at most one
+        # newcomer's judgement, and not often.
+        self.newcomer = not v.has_history(self.submission.signer)
+        if self.newcomer:
+            await self._held.enter_async_context(v._newcomer_slot)
+            try:
+                v.newcomers.check()
+            except ValidationError:
+                v.stats.refuse("newcomer share")
+                raise
+        else:
+            v.newcomers.trusted_seen()
+        await self._held.enter_async_context(v._lock)
+        again = v._verdict_again(self.submission)
+        if again is not None:
+            raise _JudgedAlready(again)
+
+    def claims(self, submission: Signed[RolloutSubmission]) -> list[Claim]:
+        s = submission.message
+        return self.validator.claims.of(submission.signer, s.policy_version, s.counter)
+
+    def claim(self, submission: Signed[RolloutSubmission]) -> None:
+        s = submission.message
+        self.validator.claims.claim(
+            submission.signer, s.policy_version, s.counter, submission.id, self.me
+        )
+
+    async def fetch(self, claim: Claim) -> Signed[Any] | None:
+        return await self.validator.evidence.fetch(claim.submission, [claim.validator])
+
+    async def on_engine(
+        self, submission: Signed[RolloutSubmission], work: Callable[[Engine], Judgement]
+    ) -> Judgement | None:
+        v = self.validator
+        started = time.perf_counter()
+        try:
+            return await v._on_engine(submission, work)
+        finally:
+            if not self.review:
+                took = time.perf_counter() - started
+                v.stats.judge_seconds += took
+                if self.newcomer:
+                    v.stats.newcomer_judge_seconds += took
+                    v.newcomers.spend(took)

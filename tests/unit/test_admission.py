@@ -165,11 +165,11 @@ async def test_a_worker_grinding_counters_is_refused_past_its_quota(
     door with nothing claimed or stored."""
     judged: list[int] = []
 
-    async def judge(submission: Signed[RolloutSubmission], ctx: Any) -> Judgement:
+    async def judge(submission: Signed[RolloutSubmission], work: Any) -> Judgement:
         judged.append(submission.message.counter)
         return Judgement(False, "soft", ["not the model's tokens"])
 
-    monkeypatch.setattr(validator, "_judge", judge)
+    monkeypatch.setattr(validator, "_on_engine", judge)
     quota = PARAMS.quota
     refused: list[int] = []
     for counter in range(quota + 8):
@@ -196,12 +196,12 @@ async def test_a_worker_with_history_waits_behind_at_most_one_newcomer(
     order: list[str] = []
     release = trio.Event()
 
-    async def judge(submission: Signed[RolloutSubmission], ctx: Any) -> Judgement:
+    async def judge(submission: Signed[RolloutSubmission], work: Any) -> Judgement:
         order.append(submission.signer)
         await release.wait()
         return Judgement(False, "soft", ["test"])
 
-    monkeypatch.setattr(validator, "_judge", judge)
+    monkeypatch.setattr(validator, "_on_engine", judge)
     async with trio.open_nursery() as nursery:
         for key in fresh:  # the first is judged; the others queue behind the newcomers' slot
             nursery.start_soon(validator.handle, sign(assigned(key), key))
