@@ -5,6 +5,9 @@ Layout::
     <home>/node.key       Ed25519 key, PKCS#8 PEM, mode 0600 (optionally passphrase-encrypted)
     <home>/config.toml    listen addresses, bootstrap list, metrics port
     <home>/node.lock      held by the running node; a second node on the same home refuses
+    <home>/runs/<run>/adverts-issued
+                          issue times of the node's last adverts (how a restarted node tells
+                          its own previous life from another node running with its key)
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ from swarm.identity import NodeKey, load_key, write_key
 ENV_HOME = "SWARM_NODE_HOME"
 ENV_PASSPHRASE = "SWARM_NODE_PASSPHRASE"
 DEFAULT_LISTEN = ("/ip4/0.0.0.0/tcp/4001",)
+ADVERTS_ISSUED = "adverts-issued"
+KEEP_ISSUED = 16
+"""Adverts live ``advert_ttl_s`` and are refreshed every third of it: the last 16 cover any
+advert of a previous life still live in the DHT."""
 
 
 def default_home() -> Path:
@@ -101,6 +108,24 @@ class NodeHome:
     def run_dir(self, run_id: str) -> Path:
         """Where a run's data lives: ledger, evidence, shards, trainer state."""
         return self.path / "runs" / run_id
+
+    def adverts_issued(self, run_id: str) -> list[int]:
+        """The issue times (ms) of the adverts this home's node published in ``run_id``, newest
+        last: a live advert with one of them is this node's previous life, not a twin."""
+        try:
+            text = (self.run_dir(run_id) / ADVERTS_ISSUED).read_text()
+            return [int(line) for line in text.split()]
+        except (OSError, ValueError):  # none yet, or a torn file: no previous life known
+            return []
+
+    def note_advert_issued(self, run_id: str, issued_at: int) -> None:
+        """Remember one more advert's issue time (the last ``KEEP_ISSUED``), atomically."""
+        path = self.run_dir(run_id) / ADVERTS_ISSUED
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kept = [*self.adverts_issued(run_id), issued_at][-KEEP_ISSUED:]
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(f"{value}\n" for value in kept))
+        tmp.replace(path)
 
     def has_key(self) -> bool:
         return self.key_path.exists()

@@ -143,6 +143,8 @@ class Node:
                 discover_every_s=config.discover_every_s,
                 capabilities=config.capabilities,
             ),
+            issued_before=() if config.home is None else config.home.adverts_issued(self.run_id),
+            on_issue=None if config.home is None else self._note_issued,
         )
         self.started_at = time.monotonic()
         self.bootstrap_connected: list[str] = []
@@ -222,9 +224,18 @@ class Node:
                     self._relays_wanted,
                     self._addrs_changed,
                 )
+        if self.config.home is not None:  # a twin started before us: our lookups still work
+            await self.membership.check_duplicate()
         await self.membership.publish()
         nursery.start_soon(self.membership.run)
         nursery.start_soon(self._keep_connected)
+
+    def _note_issued(self, issued_at: int) -> None:
+        assert self.config.home is not None
+        try:
+            self.config.home.note_advert_issued(self.run_id, issued_at)
+        except OSError as exc:  # a full disk costs only the twin check after a restart
+            log.warning("could not remember our advert's issue time in the home: %s", exc)
 
     def _policy_gate(self, data: bytes) -> bool:
         return self.policy_gate.accept(data) is not None

@@ -17,7 +17,7 @@ anyone may claim to provide any key.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +76,12 @@ class Membership:
         trainers: Collection[str],
         validators: Collection[str],
         config: MembershipConfig | None = None,
+        issued_before: Collection[int] = (),
+        on_issue: Callable[[int], None] | None = None,
     ) -> None:
+        """``issued_before``: the issue times of this node's adverts in earlier lives (its
+        home's), which ``check_duplicate`` knows as its own; ``on_issue`` is told each new
+        advert's issue time, to remember it for the next life."""
         authorize(role, key.peer_id, trainers, validators)
         self.overlay = overlay
         self.key = key
@@ -86,7 +91,8 @@ class Membership:
         self.validators = frozenset(validators)
         self.config = config or MembershipConfig()
         self.mine: Signed[RoleAdvert] | None = None
-        self._issued: set[int] = set()
+        self._issued: set[int] = set(issued_before)
+        self._on_issue = on_issue
         self._peers: dict[str, Signed[RoleAdvert]] = {}
         self.rejected_adverts = 0
         self.duplicate_warnings: list[str] = []
@@ -104,6 +110,8 @@ class Membership:
         now = self.overlay.config.clock()
         issued = max(now, max(self._issued, default=0) + 1)  # strictly newer than the last
         self._issued.add(issued)
+        if self._on_issue is not None:
+            self._on_issue(issued)
         advert = RoleAdvert(
             run_id=self.run_id,
             peer_id=self.key.peer_id,
@@ -253,8 +261,17 @@ class Membership:
         return self._peers.get(peer_id)
 
     async def check_duplicate(self) -> str | None:
-        """Warn loudly when a live advert for our peer ID, not issued by this process, is in
-        the DHT: another node runs with our key."""
+        """Warn loudly when a live advert for our peer ID, not issued by this node (in this
+        life or, per ``issued_before``, an earlier one), is in the DHT: another node runs with
+        our key.
+
+        Called before our first advert (``Node`` does, when it has a home) and after each
+        refresh. Only the node that started later can tell: py-libp2p's peers keep the newest
+        signed peer record of a peer ID and reset every DHT stream that carries an older one
+        (``kad_dht.KadDHT.handle_stream``: ``maybe_consume_signed_record`` is False when
+        ``Peerstore.consume_peer_record`` rejects a lower ``seq``), so once the later node has
+        spoken the earlier one's lookups go unanswered (docs/contributors.md,
+        "two-nodes-with-one-key")."""
         now = self.overlay.config.clock()
         for raw in await self.overlay.records.remote_adverts(self.run_id, self.key.peer_id):
             try:

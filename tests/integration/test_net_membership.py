@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from node import admin
+from node.runtime import Node
 from swarm.errors import NotAuthorizedError, StorageError
 from tests.netfactory import NetFactory, key_named, wait_until
 
@@ -60,25 +61,30 @@ async def test_a_second_node_on_the_same_home_refuses_to_start(tmp_path: Path) -
             await net.start_config(config)
 
 
-@pytest.mark.xfail(
-    reason="py-libp2p drops DHT streams from a peer whose signed peer record conflicts with"
-    " another live one (same peer ID, other address), so the remote advert lookup never answers",
-    strict=False,
-)
 async def test_a_node_warns_when_its_peer_id_is_live_elsewhere(tmp_path: Path) -> None:
+    """A second node on a copy of the key warns as it joins; the same node restarted on its
+    own home does not. (Only the later twin can tell: py-libp2p's peers then reset the
+    earlier one's DHT streams, whose signed peer record is older; docs/contributors.md.)"""
     async with NetFactory(home_root=tmp_path) as net:
         await net.bootstrap()
         twin_key = key_named("twin")
         first = await net.node("inference", twin_key, home=True)
+        assert first.membership.duplicate_warnings == []
         second = await net.node("inference", twin_key, home=True)  # same key, another home
-        await first.membership.publish()
-        await second.membership.publish()
+        warnings = second.status()["warnings"]
+        assert any("ANOTHER NODE IS RUNNING WITH THIS KEY" in w for w in warnings), warnings
+        assert any(addr in warnings[-1] for addr in first.overlay.addrs())
 
-        async def warned() -> bool:
-            return bool(await first.membership.check_duplicate()) or bool(
-                await second.membership.check_duplicate()
-            )
 
-        await wait_until(warned, 4, poll=0.2)
-        warnings = first.status()["warnings"] + second.status()["warnings"]
-        assert any("ANOTHER NODE IS RUNNING WITH THIS KEY" in w for w in warnings)
+async def test_a_restarted_node_is_not_its_own_twin(tmp_path: Path) -> None:
+    async with NetFactory(home_root=tmp_path) as net:
+        await net.bootstrap()
+        key = key_named("restarted")
+        config = net.config("inference", key, home=True)
+        async with Node.start(config) as first:
+            await first.membership.publish()  # live adverts of this life, then it stops
+            before = first.overlay.addrs()
+        async with Node.start(config) as again:
+            assert again.overlay.addrs() != before  # another port: only the home tells
+            assert again.membership.duplicate_warnings == []
+            assert "ANOTHER NODE" not in " ".join(again.status()["warnings"])
