@@ -48,6 +48,31 @@ def hf_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_test_model(tmp_path_factory.mktemp("hf") / "qwen2-tiny")
 
 
+CPU_BOUND = (
+    "tests/system/",
+    "tests/integration/test_group_training_audit.py",
+    "tests/integration/test_training_audit.py",
+    "tests/integration/test_role_healing.py",
+)
+"""Tests that keep both cores busy (many processes each, training steps, replays, the demo),
+measured with vmstat beside a serial run (docs/BENCHMARKS.md, "The test suite's time"): under
+``--dist loadgroup`` (scripts/test) they run one after another, first, on one worker, while
+the other worker runs the rest, which mostly wait on the network (half of both cores idle)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's ``loadgroup``: the CPU-bound tests are one unit of work, scheduled
+    first; every other module is a unit of its own (its module-scoped swarm set up once)."""
+    if config.getoption("dist", default=None) != "loadgroup":
+        return
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        cpu = path.startswith(CPU_BOUND)
+        item.add_marker(pytest.mark.xdist_group("cpu-bound" if cpu else path))
+    items.sort(key=lambda item: not item.nodeid.startswith(CPU_BOUND))  # stable: files kept
+
+
 def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
