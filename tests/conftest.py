@@ -56,8 +56,9 @@ CPU_BOUND = (
 )
 """Tests that keep both cores busy (many processes each, training steps, replays, the demo),
 measured with vmstat beside a serial run (docs/BENCHMARKS.md, "The test suite's time"): under
-``--dist loadgroup`` (``SWARM_TEST_WORKERS=2 scripts/test``) they run one after another, first, on one worker, while
-the other worker runs the rest, which mostly wait on the network (half of both cores idle)."""
+``--dist loadgroup`` (``SWARM_TEST_WORKERS=2 scripts/test``) they run one after another,
+first, on one worker, while the other worker runs the rest, which mostly wait on the network
+(half of both cores idle)."""
 
 
 @pytest.hookimpl(tryfirst=True)
