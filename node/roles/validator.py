@@ -560,7 +560,6 @@ class _Desk:
         self.review = review
         """Re-judging work another validator credited: no newcomer's share, no claim."""
         self.newcomer = False
-        self.started: float | None = None
         self._held = AsyncExitStack()
 
     @property
