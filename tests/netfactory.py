@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import linecache
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -55,15 +56,30 @@ def loopback_config(
 async def wait_until(
     condition: Callable[[], Any | Awaitable[Any]], timeout: float, poll: float = 0.05
 ) -> Any:
-    """Poll ``condition`` until it is truthy (returned) or ``timeout`` seconds pass (fails)."""
-    with trio.fail_after(timeout):
-        while True:
-            value = condition()
-            if inspect.isawaitable(value):
-                value = await value
-            if value:
-                return value
-            await trio.sleep(poll)
+    """Poll ``condition`` until it is truthy (returned) or ``timeout`` seconds pass (fails with
+    ``WaitTimedOut``, naming the caller's line: a CI log then says which wait it was)."""
+    try:
+        with trio.fail_after(timeout):
+            while True:
+                value = condition()
+                if inspect.isawaitable(value):
+                    value = await value
+                if value:
+                    return value
+                await trio.sleep(poll)
+    except trio.TooSlowError:
+        caller = inspect.stack(context=0)[1]
+        first, last = caller.positions.lineno or caller.lineno, caller.positions.end_lineno
+        call = " ".join(
+            linecache.getline(caller.filename, n).strip() for n in range(first, (last or first) + 1)
+        )
+        where = f"{Path(caller.filename).name}:{first}"
+        raise WaitTimedOut(f"timed out after {timeout:g} s at {where}: {call[:300]}") from None
+
+
+class WaitTimedOut(trio.TooSlowError):
+    """A ``wait_until`` deadline passed (a ``trio.TooSlowError``, so callers that expect one
+    still catch it)."""
 
 
 class NetFactory:
