@@ -5,17 +5,21 @@ the compute child (which does load torch: the check can tell the two apart).
 
 One `swarm-node up` swarm for the module; each process says what it loaded in
 `swarm-node status` (`process.heavy_modules`, from `sys.modules`), read over its admin socket.
+The module's last test then stops that swarm as a user does: its dashboard answers while it
+runs, Ctrl-C stops every process and still leaves a readable (partial) summary.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,7 @@ import pytest
 
 from node import admin
 from swarm.process import child_pids
+from tests.system.up_helpers import check_dashboard, no_swarm_left, wait_for
 
 UP = [sys.executable, "-m", "cli.app", "up"]
 
@@ -41,8 +46,16 @@ def _worked(name: str, status: dict[str, Any] | None) -> bool:
     return True
 
 
+@dataclass
+class UpSwarm:
+    proc: subprocess.Popen[bytes]
+    out: Path
+    seen: dict[str, dict[str, Any]]
+    """Each process's status once it had done real work, and its compute children's maps."""
+
+
 @pytest.fixture(scope="module")
-def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
+def up_swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpSwarm]:
     out = tmp_path_factory.mktemp("light") / "up"
     proc = subprocess.Popen(
         [
@@ -53,12 +66,12 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[s
             "--versions",
             "100",
             "--minutes",
-            "4",
+            "10",  # stopped by the last test's Ctrl-C long before
             "--out",
             str(out),
         ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=(out.parent / "up.stderr").open("wb"),  # a pipe nobody reads could fill up
         start_new_session=True,
     )
     names = ("bootstrap", "trainer", "validator", "worker-0")
@@ -80,15 +93,20 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[s
                 for child in child_pids(status["process"]["pid"])
                 if Path(f"/proc/{child}/maps").exists()
             ]
-        yield seen
+        yield UpSwarm(proc, out, seen)
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)  # (stopped already when the last test ran)
         try:
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def swarm(up_swarm: UpSwarm) -> dict[str, dict[str, Any]]:
+    return up_swarm.seen
 
 
 @pytest.mark.slow
@@ -115,3 +133,16 @@ def test_the_model_lives_in_the_compute_child(swarm: dict[str, dict[str, Any]], 
     assert any("libtorch" in maps for maps in swarm[name]["child_maps"]), (
         f"no child of {name} has torch loaded: the check above could not tell light from heavy"
     )
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_everything_and_leaves_a_partial_summary(up_swarm: UpSwarm) -> None:
+    """Last in the module: it stops the module's swarm."""
+    out, proc = up_swarm.out, up_swarm.proc
+    assert (up_swarm.seen["trainer"].get("policy_version") or 0) >= 1
+    check_dashboard(out)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 0, (out.parent / "up.stderr").read_text()[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert "interrupted" in summary["stopped_because"]
+    wait_for(lambda: no_swarm_left(out), 30, "every child process to exit")

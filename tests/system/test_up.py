@@ -1,37 +1,21 @@
 """`swarm-node up` as a user runs it: a whole swarm of processes that trains, catches the
-cheater, audits, and leaves a summary; a second run refuses the same --out; Ctrl-C stops every
-process and still leaves a readable summary."""
+cheater, audits, and leaves a summary; a second run refuses the same --out. (Ctrl-C, which
+stops every process and still leaves a readable summary, is tried on the swarm of
+``test_light_nodes``: one `up` swarm fewer.)"""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from node import admin
+from tests.system.up_helpers import no_swarm_left
 
 UP = [sys.executable, "-m", "cli.app", "up"]
-
-
-def _wait_for(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-
-
-def _no_swarm_left(out: Path) -> bool:
-    mine = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
-    return not [p for p in mine if int(p) != os.getpid()]
 
 
 @pytest.mark.slow
@@ -65,54 +49,9 @@ def test_up_trains_catches_the_cheater_and_audits(tmp_path: Path) -> None:
     assert len(progress) >= 3 and "┏" not in done.stdout.split("stopped:")[0]
     for name in ("bootstrap", "trainer", "validator", "worker-0", "cheater"):
         assert (out / "logs" / f"{name}.log").exists()
-    assert _no_swarm_left(out)
+    assert no_swarm_left(out)
 
     before = (out / "summary.json").read_bytes()
     again = subprocess.run([*UP, "--out", str(out)], capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "not empty" in again.stderr
     assert (out / "summary.json").read_bytes() == before
-
-
-@pytest.mark.slow
-def test_ctrl_c_stops_everything_and_leaves_a_partial_summary(tmp_path: Path) -> None:
-    out = tmp_path / "up"
-    proc = subprocess.Popen(
-        [*UP, "--workers", "1", "--no-cheater", "--minutes", "5", "--out", str(out)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        import trio
-
-        def trainer_has_published() -> bool:
-            sock = admin.socket_path(out / "homes" / "trainer")
-            try:
-                status = trio.run(admin.query, sock, {"cmd": "status"})["status"]
-            except Exception:
-                return False
-            return status.get("policy_version") is not None
-
-        _wait_for(trainer_has_published, 180, "the trainer's first policy version")
-        _check_dashboard(out)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    summary = json.loads((out / "summary.json").read_text())
-    assert "interrupted" in summary["stopped_because"]
-    _wait_for(lambda: _no_swarm_left(out), 30, "every child process to exit")
-
-
-def _check_dashboard(out: Path) -> None:
-    """The bootstrap peer of `up` serves the run's dashboard on 127.0.0.1 while it runs."""
-    import httpx
-
-    log = (out / "logs" / "bootstrap.log").read_text()
-    url = next(line.split()[1] for line in log.splitlines() if line.startswith("dashboard http"))
-    assert url.startswith("http://127.0.0.1:")
-    status = httpx.get(url + "api/v1/status", timeout=10).json()
-    assert status["node"]["role"] == "bootstrap"
-    assert status["run"]["name"] == "local demo" and len(status["run"]["run_id"]) == 32
-    assert httpx.get(url + "api/v1/contributors", timeout=10).status_code == 200
