@@ -58,7 +58,7 @@ CPU_BOUND = (
 measured with vmstat beside a serial run (docs/BENCHMARKS.md, "The test suite's time"): under
 ``--dist loadgroup`` (``scripts/test`` on two cores or more) they run one after another,
 first, on one worker, while the other worker runs the rest, which mostly wait on the network
-(half of both cores idle). Measured at ``0000db2``'s successor: the two workers then finished
+(half of both cores idle). Measured at ``cceb7d3``: the two workers then finished
 within 6 s of each other (549 s and 543 s), so no other split would be shorter."""
 
 
