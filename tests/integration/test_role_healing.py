@@ -55,6 +55,9 @@ GENESIS = create_genesis(
 
 
 @pytest.mark.timeout(420)
+# Beside the other worker's load the validator once failed to hold v4 within its fetch
+# deadline, and its audit of v4 said "not-replayed" (docs/RELIABILITY.md, section 5).
+@pytest.mark.alone
 async def test_a_killed_engine_child_and_a_killed_training_child_are_restarted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
