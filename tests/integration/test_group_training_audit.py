@@ -38,7 +38,7 @@ PARAMS = RunParams(
     eval_every=0,
     train_audit_share=1.0,
 )
-VERSIONS = 4
+VERSIONS = 5
 FORGED_STEPS = (1, 3)
 """Trainer B's forged rounds, by the version stepped from (the records of v2 and v4)."""
 
