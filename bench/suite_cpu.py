@@ -39,11 +39,12 @@ def _busy_s() -> float:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     start, busy = time.time(), _busy_s()
     yield
+    end = time.time()
     row = {
         "id": item.nodeid,
         "start": start,
-        "end": time.time(),
-        "wall": time.time() - start,
+        "end": end,
+        "wall": end - start,
         "busy": _busy_s() - busy,
         "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
     }
@@ -52,8 +53,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def report(rows: list[dict[str, Any]], cores: int) -> dict[str, Any]:
-    timed = [r for r in rows if "start" in r]  # (the first form of these rows had no times)
-    t0 = min((r["start"] for r in timed), default=0.0)
+    t0 = min(r["start"] for r in rows)
     modules: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for r in rows:
         module = modules[r["id"].split("::")[0]]
@@ -67,8 +67,8 @@ def report(rows: list[dict[str, Any]], cores: int) -> dict[str, Any]:
         "lower_bound_s": round(busy / cores, 1),
         "cores": cores,
         "worker_last_end_s": {
-            w: round(max(r["end"] for r in timed if r["worker"] == w) - t0, 1)
-            for w in sorted({r["worker"] for r in timed})
+            w: round(max(r["end"] for r in rows if r["worker"] == w) - t0, 1)
+            for w in sorted({r["worker"] for r in rows})
         },
         "modules": [
             {"module": m, "wall_s": round(w, 1), "busy_core_s": round(b, 1)}
