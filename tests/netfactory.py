@@ -68,13 +68,24 @@ async def wait_until(
                     return value
                 await trio.sleep(poll)
     except trio.TooSlowError:
-        caller = inspect.stack(context=0)[1]
-        first, last = caller.positions.lineno or caller.lineno, caller.positions.end_lineno
+        raise WaitTimedOut(f"timed out after {timeout:g} s at {_callers()}") from None
+
+
+def _callers(depth: int = 3) -> str:
+    """Where a wait was asked for: the caller's line and call, and, while that caller is a
+    helper (not a test), the line that called the helper: ``screen_until`` at line 98 says
+    nothing, the test's line that called it does."""
+    places = []
+    for frame in inspect.stack(context=0)[2 : 2 + depth]:
+        first = frame.positions.lineno or frame.lineno
+        last = frame.positions.end_lineno or first
         call = " ".join(
-            linecache.getline(caller.filename, n).strip() for n in range(first, (last or first) + 1)
+            linecache.getline(frame.filename, n).strip() for n in range(first, last + 1)
         )
-        where = f"{Path(caller.filename).name}:{first}"
-        raise WaitTimedOut(f"timed out after {timeout:g} s at {where}: {call[:300]}") from None
+        places.append(f"{Path(frame.filename).name}:{first}: {call[:300]}")
+        if frame.function.startswith("test_") or "site-packages" in frame.filename:
+            break
+    return ", called at ".join(places)
 
 
 class WaitTimedOut(trio.TooSlowError):

@@ -12,8 +12,10 @@ sampling and scoring: ``node.rl.evaluation``; storage: ``swarm.ledger.evaluation
 - **One engine, one user at a time.** The evaluator is handed ``on_version(version, work)``: the
   validator's judge lock and engine (``Validator.on_version``), so judging and evaluation never
   interleave and the version is loaded once for both. ``hold(version)`` makes sure the weights
-  are here (fetched when missing, bounded by ``HOLD_TIMEOUT_S``); a version it cannot hold is
-  counted in ``missed`` and skipped.
+  are here (fetched when missing, bounded by ``HOLD_TIMEOUT_S``); a version it cannot hold (or
+  whose evaluation failed) is counted in ``missed`` and tried again ``RETRIES`` times,
+  ``RETRY_S`` apart, between newer versions: a fetch that timed out on a busy machine costs a
+  late point on the curve, not a lost one.
 - **Costs.** One batch of ``eval_size`` items per due version, one completion each (0.1 s for 32
   items on the embedded model, one CPU thread).
 
@@ -24,10 +26,13 @@ an evaluation cancelled before that is redone on the next start.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import trio
 
 from node.compute.engine import Engine
 from node.rl.evaluation import evaluate, evaluation_record
@@ -52,6 +57,11 @@ log = logging.getLogger(__name__)
 HOLD_TIMEOUT_S = 60.0
 """How long the evaluator waits for a due version's weights before it counts it missed."""
 
+RETRY_S = 30.0
+"""How long after a missed evaluation it is tried again (the weights' holders may be busy)."""
+RETRIES = 3
+"""Tries after the first before a due version is given up (``EvaluatorStats.given_up``)."""
+
 OnVersion = Callable[[int, Callable[[Engine], list[int]]], Awaitable[list[int] | None]]
 
 
@@ -68,7 +78,9 @@ class PolicyWatch(Protocol):
 class EvaluatorStats:
     evaluated: int = 0
     missed: int = 0
-    """Due versions skipped: weights not held, or the engine failed (``last_error``)."""
+    """Failed tries of due versions: weights not held, or the engine failed (``last_error``)."""
+    given_up: int = 0
+    """Due versions left unevaluated after ``RETRIES`` more tries."""
     seconds: float = 0.0
     """Time spent evaluating, weights loading included."""
     last_error: str = ""
@@ -114,18 +126,33 @@ class Evaluator:
         )
 
     async def run(self) -> None:
-        """Follow the announced versions and evaluate the due ones (until cancelled)."""
+        """Follow the announced versions and evaluate the due ones (until cancelled); a missed
+        one is tried again ``RETRY_S`` later, at most ``RETRIES`` times."""
         if not self.item_ids or self.params.eval_every <= 0:
             return  # evaluation off (or a source too small to hold items out)
         known = self.policy.version
         every = self.params.eval_every
         wanted = 0 if known is None else known - known % every
+        retries: dict[int, int] = {}  # missed version -> tries left
         while True:
-            newest = (await self.policy.wait_for(wanted)).message.version
-            for version in range(wanted, newest + 1):
-                if self.due_here(version) and not self.store.has(version):
-                    await self.evaluate(version)
-            wanted = newest + 1
+            newest = None
+            with trio.move_on_after(RETRY_S if retries else math.inf):
+                newest = (await self.policy.wait_for(wanted)).message.version
+            due = sorted(retries)
+            if newest is not None:
+                due += [v for v in range(wanted, newest + 1) if self.due_here(v)]
+                wanted = newest + 1
+            for version in due:
+                left = retries.pop(version, RETRIES + 1) - 1
+                if self.store.has(version) or await self.evaluate(version) is not None:
+                    continue
+                if left > 0:
+                    retries[version] = left
+                else:
+                    self.stats.given_up += 1
+                    log.warning(
+                        "policy v%d given up: not evaluated in %d tries", version, RETRIES + 1
+                    )
 
     async def evaluate(self, version: int) -> Signed[Evaluation] | None:
         """Evaluate ``version``, sign, store and gossip the record; None when it could not."""
@@ -167,7 +194,7 @@ class Evaluator:
     def _missed(self, version: int, why: str) -> None:
         self.stats.missed += 1
         self.stats.last_error = f"v{version}: {why}"[:300]
-        log.warning("policy v%d not evaluated: %s", version, why)
+        log.warning("policy v%d not evaluated (tried again in %g s): %s", version, RETRY_S, why)
 
 
 def keep_evaluations(store: EvaluationStore) -> Callable[[Signed[Any]], None]:

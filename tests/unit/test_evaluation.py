@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from node.rl.evaluation import evaluate, evaluation_record, replay_item
-from node.roles.evaluator import Evaluator
+from node.roles.evaluator import RETRIES, RETRY_S, Evaluator
 from node.tasks.suite import default_suite
 from swarm.identity import NodeKey
 from swarm.ledger.evaluations import EvaluationStore
@@ -184,6 +184,41 @@ async def test_an_evaluator_evaluates_its_own_due_versions_once_across_restarts(
         else:
             assert evaluated == []  # held in the store: never again
     assert [r.message.version for r in store.records()] == mine
+    store.close()
+
+
+async def test_a_missed_version_is_tried_again_and_given_up_after_the_retries(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """A due version whose weights could not be held (a fetch that timed out) is evaluated on a
+    later try; one that never becomes holdable is given up after ``RETRIES`` more tries."""
+    key = key_due(0)
+    mine = [v for v in range(0, 31, 5) if eval_validator(RUN, v, VALIDATORS) == key.peer_id]
+    store = EvaluationStore(tmp_path / "evaluations.db")
+    log: list[Any] = []
+    policy = Policy(None)
+    ev = evaluator(key, store, policy, log)
+    tries: dict[int, int] = {}
+    never = mine[-1]
+
+    async def flaky(version: int) -> bool:
+        tries[version] = tries.get(version, 0) + 1
+        return version != never and tries[version] > 1  # held from the second try on
+
+    async def held_here_only_after(version: int, work: Any) -> list[int] | None:
+        return [version, 1] if tries.get(version, 0) > 1 and version != never else None
+
+    ev.hold = flaky
+    ev.on_version = held_here_only_after
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ev.run)
+        await trio.testing.wait_all_tasks_blocked()
+        policy.announce(30)
+        await trio.sleep(RETRY_S * (RETRIES + 2))  # every retry is due by then
+        nursery.cancel_scope.cancel()
+    assert [r.message.version for r in store.records()] == mine[:-1]
+    assert tries[never] == RETRIES + 1 and all(tries[v] == 2 for v in mine[:-1])
+    assert ev.stats.given_up == 1 and ev.stats.evaluated == len(mine) - 1
     store.close()
 
 

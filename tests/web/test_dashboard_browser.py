@@ -32,7 +32,7 @@ from node.bundle import BUNDLE_FORMAT
 from node.web.queries import LedgerQueries
 from node.web.serve import serve_dashboard
 from node.web.views import HolderWatch, PolicyLog, RunView, bootstrap_view, node_view
-from tests.netfactory import LOOPBACK, key_named, loopback_config, wait_until
+from tests.netfactory import LOOPBACK, WaitTimedOut, key_named, loopback_config, wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -93,9 +93,20 @@ async def in_browser(fn: Callable[[], Any]) -> Any:
     return await trio.to_thread.run_sync(fn)
 
 
-async def screen_until(driver: Any, read: Callable[[Any], Any], timeout: float) -> Any:
-    """Poll what the page shows until ``read`` returns something truthy."""
-    return await wait_until(lambda: in_browser(lambda: read(driver)), timeout, poll=0.5)
+async def screen_until(
+    driver: Any,
+    read: Callable[[Any], Any],
+    timeout: float,
+    state: Callable[[], object] | None = None,
+) -> Any:
+    """Poll what the page shows until ``read`` returns something truthy; a timeout says what
+    ``state()`` (the swarm's side of it) was then."""
+    try:
+        return await wait_until(lambda: in_browser(lambda: read(driver)), timeout, poll=0.5)
+    except WaitTimedOut as exc:
+        if state is None:
+            raise
+        raise WaitTimedOut(f"{exc}; the swarm then: {str(state())[:2000]}") from None
 
 
 def _text(driver: Any, css: str) -> str:
@@ -202,20 +213,29 @@ async def test_a_browser_sees_the_swarm_train_and_the_cheater_banned(tmp_path: P
 
         trainer = await start(trainer_key, "trainer", max_versions=4)
         validator = await start(validator_key, "validator")
-        for k in workers:
-            await start(k, "inference")
-        await start(cheater, "inference", tamper=edit_token)
+        hands = [await start(k, "inference") for k in workers]
+        hands.append(await start(cheater, "inference", tamper=edit_token))
+
+        def swarm() -> object:
+            """What the swarm's side was when a wait on the screen timed out."""
+            assert validator.validator is not None
+            return {
+                "policy": trainer.node.policy.version,
+                "validator": vars(validator.validator.stats),
+                "evaluation": validator.status()["evaluation"],
+                "workers": [h.status().get("worker") for h in hands],
+            }
 
         driver = await stack.enter_async_context(_async(chromium(tmp_path / "profile", downloads)))
         await in_browser(lambda: driver.get(url))
         name = "browser <b>test</b>"  # the run's name, shown as text
         assert await screen_until(driver, lambda d: name in _text(d, "#run-name"), 30)
-        first = await screen_until(driver, _version, 240)
+        first = await screen_until(driver, _version, 240, swarm)
         # The policy advances on screen without a reload.
-        await screen_until(driver, lambda d: (_version(d) or -1) > first, 240)
+        await screen_until(driver, lambda d: (_version(d) or -1) > first, 240, swarm)
         # The validator's held-out evaluation of v0 (due at any cadence)
         # is drawn next to the reward curve.
-        assert await screen_until(driver, _eval_marks, 120)
+        assert await screen_until(driver, _eval_marks, 120, swarm)
         assert "held-out evaluation" in _text(driver, "#eval-note")
 
         def balance(peer: str) -> Callable[[Any], int | None]:
@@ -225,7 +245,9 @@ async def test_a_browser_sees_the_swarm_train_and_the_cheater_banned(tmp_path: P
 
             return read
 
-        before = {k.peer_id: await screen_until(driver, balance(k.peer_id), 120) for k in workers}
+        before = {
+            k.peer_id: await screen_until(driver, balance(k.peer_id), 120, swarm) for k in workers
+        }
         # Each worker's requests of the newest version with a verdict, of its quota.
         quota_cell = re.compile(rf"\d+ of {params.quota} \(v\d+\)")
         for k in workers:
@@ -235,16 +257,22 @@ async def test_a_browser_sees_the_swarm_train_and_the_cheater_banned(tmp_path: P
                     (r := _row(d, "contributors-table", p)) and quota_cell.fullmatch(r[7])
                 ),
                 60,
+                swarm,
             )
         for k in workers:  # and the balances keep growing while the swarm works
-            await screen_until(driver, lambda d, p=k.peer_id: (balance(p)(d) or 0) > before[p], 180)
+            await screen_until(
+                driver, lambda d, p=k.peer_id: (balance(p)(d) or 0) > before[p], 180, swarm
+            )
         banned = await screen_until(
             driver,
             lambda d: (r := _row(d, "contributors-table", cheater.peer_id)) and r[5] == "banned",
             120,
+            swarm,
         )
         assert banned
-        slash = await screen_until(driver, lambda d: _row(d, "slashes-table", cheater.peer_id), 60)
+        slash = await screen_until(
+            driver, lambda d: _row(d, "slashes-table", cheater.peer_id), 60, swarm
+        )
         assert slash[-1] == "audit bundle"
 
         assert await in_browser(lambda: driver.execute_script(CLICK, cheater.peer_id))
