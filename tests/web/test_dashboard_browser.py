@@ -147,6 +147,7 @@ def _version(driver: Any) -> int | None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # failed once in CI beside the other worker (docs/RELIABILITY.md, section 5)
 async def test_a_browser_sees_the_swarm_train_and_the_cheater_banned(tmp_path: Path) -> None:
     from node.compute.torch_engine import TorchEngine
     from node.model import DEFAULT_MODEL_DIR
