@@ -30,6 +30,7 @@ from swarm.ledger import LedgerStore
 from swarm.ledger.views import read_quota_use
 from swarm.messages import parse_role, run_id_of
 from swarm.net import DialPolicy, parse_multiaddr, parse_peer_addr, policy_topic
+from swarm.net.connections import bounds_for
 
 ListenOption = Annotated[
     list[str] | None,
@@ -248,6 +249,23 @@ def join(
             " validator: credit-everything (its credits get disputed).",
         ),
     ] = None,
+    conn_low: Annotated[
+        int | None,
+        typer.Option(
+            "--conn-low",
+            help="Connections dialed to (and trimmed down to); config.toml [node] conn_low,"
+            " default 32 (trainers and validators 128).",
+        ),
+    ] = None,
+    conn_high: Annotated[
+        int | None,
+        typer.Option(
+            "--conn-high",
+            help="Past this many connections the least useful are trimmed (never the run's"
+            " trainers, validators, bootstrap peers or our relays); [node] conn_high, default 48"
+            " (trainers and validators 192).",
+        ),
+    ] = None,
     home: HomeOption = None,
 ) -> None:
     """Join a run and do the role's work: generate (inference), judge (validator) or train
@@ -272,6 +290,11 @@ def join(
         metrics_port=metrics_port if metrics_port is not None else (settings.metrics_port or None),
         dial=forever_policy() if wait else JOIN_DIAL,
         announce=settings.announce,
+        connections=bounds_for(  # low > high: exit 2, naming the flags
+            node_role,
+            conn_low if conn_low is not None else settings.conn_low,
+            conn_high if conn_high is not None else settings.conn_high,
+        ),
     )
     config.check()  # unauthorized role, bad addresses: exit 2 before any network use
     if http is not None:

@@ -53,6 +53,10 @@ def passphrase_from_env() -> bytes | None:
     return value.encode() if value else None
 
 
+def _int_or_none(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]
+
+
 @dataclass(frozen=True, slots=True)
 class NodeConfig:
     """What ``config.toml`` holds. Command-line flags override it per run."""
@@ -62,6 +66,9 @@ class NodeConfig:
     metrics_port: int = 0
     announce: tuple[str, ...] = ()
     """Addresses to advertise first (a forwarded port on the router, a public IP)."""
+    conn_low: int | None = None
+    conn_high: int | None = None
+    """Connection water marks; None: the role's (``swarm.net.connections.bounds_for``)."""
 
     def to_toml(self) -> dict[str, object]:
         return {
@@ -70,6 +77,8 @@ class NodeConfig:
                 "bootstrap": list(self.bootstrap),
                 "metrics_port": self.metrics_port,
                 "announce": list(self.announce),
+                **({"conn_low": self.conn_low} if self.conn_low is not None else {}),
+                **({"conn_high": self.conn_high} if self.conn_high is not None else {}),
             }
         }
 
@@ -83,9 +92,18 @@ class NodeConfig:
             bootstrap = tuple(str(a) for a in section.get("bootstrap", ()))
             metrics_port = int(section.get("metrics_port", 0))
             announce = tuple(str(a) for a in section.get("announce", ()))
+            conn_low = _int_or_none(section.get("conn_low"))
+            conn_high = _int_or_none(section.get("conn_high"))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc
-        return cls(listen=listen, bootstrap=bootstrap, metrics_port=metrics_port, announce=announce)
+        return cls(
+            listen=listen,
+            bootstrap=bootstrap,
+            metrics_port=metrics_port,
+            announce=announce,
+            conn_low=conn_low,
+            conn_high=conn_high,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,12 @@ from swarm.net import (
     serve,
     stream_protocol,
 )
+from swarm.net.connections import (
+    ConnectionBounds,
+    ConnectionTrimmer,
+    RedialBackoff,
+    bounds_for,
+)
 from swarm.net.paths import relayed_connection
 from swarm.net.records import wall_clock_ms
 from swarm.net.relay import RELAY_LIMITS
@@ -66,6 +72,11 @@ log = logging.getLogger(__name__)
 
 SOFTWARE = "swarm-node/0.1.0"
 MAX_GOSSIP_PEERS = 32
+LOST_BACKOFF = (60.0, 900.0)
+"""A run peer we dialed and lost: first wait and most (``RedialBackoff``), doubling."""
+LOST_PROTECTED_BACKOFF = (5.0, 120.0)
+"""The same for a trainer or validator we lost: short, as it may have restarted (a failover
+waits on it), yet doubling, as a trainer over its trim mark drops the nodes it does not need."""
 DEFAULT_LIMITS = StreamLimits()
 LedgerHandler = Callable[[Signed[Any]], Awaitable[None] | None]
 
@@ -94,6 +105,14 @@ class RuntimeConfig:
     relays_wanted: int = 2
     """Relay reservations a node that is not publicly reachable holds (bootstrap peers)."""
     recheck_reachability_s: float = 600.0
+    connections: ConnectionBounds | None = None
+    """Low and high water marks of our connections (``config.toml [node] conn_low/conn_high``,
+    ``--conn-low/--conn-high``; None: the role's, ``bounds_for``): past the trim mark below
+    ``high``, the least useful are trimmed to ``low``."""
+
+    @property
+    def bounds(self) -> ConnectionBounds:
+        return self.connections or bounds_for(self.role)
 
     def check(self) -> None:
         """Refuse bad input before any network use (``ConfigError`` / ``NotAuthorizedError``)."""
@@ -159,6 +178,14 @@ class Node:
         self._nursery: trio.Nursery | None = None
         self._relayed_spent: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         """Bulk bytes pulled per relayed connection, see ``relayed_bytes_left``."""
+        self._dialed: set[str] = set()
+        """Run peers ``_connect_found_peers`` connected to (and still is, last it looked)."""
+        self._backoff = RedialBackoff(*LOST_BACKOFF)
+        self._protected_backoff = RedialBackoff(*LOST_PROTECTED_BACKOFF)
+        self.connections = ConnectionTrimmer(
+            overlay.host, config.bounds, self._protected_peers, self._mesh_peers
+        )
+        """Keeps our connections under the high water mark (``swarm.net.connections``)."""
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -180,7 +207,10 @@ class Node:
                 Overlay.start(
                     config.key,
                     OverlayConfig(
-                        listen=config.listen, heartbeat=config.heartbeat, announce=config.announce
+                        listen=config.listen,
+                        heartbeat=config.heartbeat,
+                        announce=config.announce,
+                        connection_cap=config.bounds.high,
                     ),
                 )
             )
@@ -229,6 +259,22 @@ class Node:
         await self.membership.publish()
         nursery.start_soon(self.membership.run)
         nursery.start_soon(self._keep_connected)
+        nursery.start_soon(self.connections.run)
+
+    def _protected_peers(self) -> set[str]:
+        """Never trimmed: the run's trainers (their announcements flood to the peers they are
+        connected to) and validators (submissions, verdicts), our bootstrap peers, and the
+        relays we hold reservations on (our relayed addresses)."""
+        g = self.config.genesis.message
+        relays = set(self.overlay.relay.reservations) if self.overlay.relay else set()
+        return {*g.trainers, *g.validators, *self._bootstrap_peer_ids(), *relays}
+
+    def _mesh_peers(self) -> set[str]:
+        return {
+            p
+            for topic in (policy_topic(self.run_id), ledger_topic(self.run_id))
+            for p in self.overlay.mesh_peers(topic)
+        }
 
     def _note_issued(self, issued_at: int) -> None:
         assert self.config.home is not None
@@ -296,11 +342,12 @@ class Node:
         every ``KEEP_CONNECTED_S``: redial the bootstrap peers while connected to none of them
         (a partition healed, a bootstrap peer restarted), then (``connect_found_peers``)
         connect to the run's peers found in the DHT, so the gossip mesh does not depend on
-        the bootstrap peers alone (bounded: at most MAX_GOSSIP_PEERS connections we start).
-        Trainers come first and past that bound: a trainer floods its announcements to every
+        the bootstrap peers alone (bounded: up to the low water mark of ``connections``, and
+        ``MAX_GOSSIP_PEERS``; ``self.connections`` trims what others' dials add past the high
+        water mark). Trainers come first: a trainer floods its announcements to every
         subscriber it is connected to (``SwarmGossipSub``), so a node connected to it hears a
-        new version in one hop; a node whose inbound connections had filled the bound before
-        it found the trainer heard it over several busy hops (bench/scale.py)."""
+        new version in one hop (bench/scale.py); past the trainer's own bounds, the mesh
+        carries them."""
         while True:
             with trio.move_on_after(KEEP_CONNECTED_S):
                 await self.membership.found.wait()
@@ -312,17 +359,39 @@ class Node:
                 await self._connect_found_peers()
 
     async def _connect_found_peers(self) -> None:
+        """Dial found run peers, trainers first, while we hold fewer than the low water mark
+        (and ``MAX_GOSSIP_PEERS``). A peer we had
+        dialed and lost (its side trimmed us, or it left) waits before we dial it again
+        (``LOST_BACKOFF``, ``LOST_PROTECTED_BACKOFF``: ``RedialBackoff``)."""
         connected = set(self.overlay.connected_peers())
+        now = trio.current_time()
+        protected = self._protected_peers()
+
+        def backoff(peer: str) -> RedialBackoff:
+            return self._protected_backoff if peer in protected else self._backoff
+
+        for peer in self._dialed - connected:
+            backoff(peer).lost(peer, now)
+        self._dialed &= connected
+        bounds = self.config.bounds
         by_role = self.membership.peers_by_role()
         for role in sorted(by_role, key=lambda r: r != "trainer"):
+            # Trainers first, yet only while we are under the low water mark like any peer:
+            # when every node dialed a trainer up to its own high mark, the trainer sat at its
+            # cap, trimming and refused, and a holder could not copy a version from it in 60 s
+            # (30 loopback nodes, marks 8/12); past a node's first connections the mesh
+            # carries the trainer's announcements.
+            bound = min(MAX_GOSSIP_PEERS, bounds.low)
             for peer in by_role[role]:
-                full = len(connected) >= MAX_GOSSIP_PEERS and role != "trainer"
-                if peer in connected or full:
+                if len(connected) >= bound:
+                    break
+                if peer in connected or not backoff(peer).may_dial(peer, now):
                     continue
                 # Direct addresses only: a private peer dials out to us anyway, and a
                 # circuit per pair of peers would use up the relays' circuit limits.
                 if await self.connect_peer(peer, circuits=False) is None:
                     connected.add(peer)
+                    self._dialed.add(peer)
 
     async def connect_peer(self, peer_id: str, *, circuits: bool = True) -> str | None:
         """Connect to a run peer at its advertised addresses, circuits included, unless
@@ -332,6 +401,8 @@ class Node:
         advert = self.membership.advert_of(peer_id)
         if advert is None:
             return None if self.overlay.connected(peer_id) else "no advert known"
+        if not self.overlay.connected(peer_id) and peer_id in self._protected_peers():
+            await self.connections.make_room()  # a trainer or validator: never refused by us
         why = await self.overlay.connect(peer_id, advert.message.addrs, circuits=circuits)
         if why is None or not circuits:
             return why
@@ -395,11 +466,15 @@ class Node:
     ) -> bytes:
         """One request on ``/swarm-node/<run>/<name>/1`` (size limits and a deadline). A peer
         we hold no connection to is dialed at its advertised addresses first: the swarm
-        cannot dial its relayed (``/p2p-circuit``) ones by itself."""
-        if not self.overlay.connected(peer_id) and self.membership.advert_of(peer_id):
-            why = await self.connect_peer(peer_id)
-            if why is not None:
-                log.debug("connecting to %s failed: %s", peer_id[-8:], why)
+        cannot dial its relayed (``/p2p-circuit``) ones by itself. At our connection cap the
+        least useful connection makes room first: a request we start is a transfer we want
+        (a holder of a version, a validator), the idle connection is not."""
+        if not self.overlay.connected(peer_id):
+            await self.connections.make_room()
+            if self.membership.advert_of(peer_id):
+                why = await self.connect_peer(peer_id)
+                if why is not None:
+                    log.debug("connecting to %s failed: %s", peer_id[-8:], why)
         return await request(
             self.overlay.host, peer_id, stream_protocol(self.run_id, name), payload, limits
         )
@@ -442,6 +517,7 @@ class Node:
             "listen_addrs": self.overlay.addrs(),
             "peers_by_role": self.peers_by_role(),
             "connected_peers": len(self.overlay.connected_peers()),
+            "connections": self.connections.status(),
             "bootstrap_connected": self.bootstrap_connected,
             "reachability": self.overlay.reachability(),
             "reachability_detail": self.overlay.reach.as_dict(),

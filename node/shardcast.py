@@ -130,6 +130,8 @@ class ShardcastService:
     """Where provider records are published after a fetch (``start`` sets it)."""
     stopping: bool = False
     """The service is stopping: a fetch that still finishes publishes no provider record."""
+    _holders: dict[int, set[str]] = field(default_factory=dict)
+    """Per version, the peers its provider records named (tried first; a few versions)."""
 
     @classmethod
     @asynccontextmanager
@@ -183,10 +185,11 @@ class ShardcastService:
         except NetworkError as exc:
             log.warning("could not advertise version %d: %s", version, exc)
 
-    async def providers(self, version: int | None) -> list[str]:
+    async def providers(self, version: int | None, *, records: bool = False) -> list[str]:
         """Peers that may hold ``version``: the trainers, every connected run peer (asking
         costs one small request each), and its provider records when those are fewer than
-        ``ENOUGH_PROVIDERS`` or no trainer is known yet.
+        ``ENOUGH_PROVIDERS``, no trainer is known yet, we are at our low water mark, or
+        ``records`` (none of the others held it: ``_manifest_and_peers``).
 
         The DHT lookup is skipped for a node well connected in the run: right after an
         announcement the records name the trainer alone (holders advertise once complete),
@@ -208,13 +211,27 @@ class ShardcastService:
         boots = set(by_role.get("bootstrap", ())) | _bootstrap_ids(self.node)
         found += sorted(connected - run_peers - boots)
         trainer_known = bool(by_role.get("trainer") or trainers)
-        if version is not None and (len(set(found)) < ENOUGH_PROVIDERS or not trainer_known):
+        # Bounded connections: a node at its low water mark holds a sample of the run, which
+        # may hold nothing of this version (a 30-node test's newcomer: none of its peers did),
+        # so the records are asked too, and their holders are tried first (``_sample``).
+        bounded = len(connected) >= self.node.config.bounds.low
+        few = len(set(found)) < ENOUGH_PROVIDERS or not trainer_known
+        if version is not None and (few or bounded or records):
             try:
-                found += await self.node.overlay.records.find_providers(
+                holders = await self.node.overlay.records.find_providers(
                     version_provider_key(self.run_id, version)
                 )
+                self._holders = {v: h for v, h in self._holders.items() if v > version - 4}
+                self._holders[version] = set(holders)
+                for peer in holders:  # it holds the version: dial it (``unblock`` below)
+                    self.node.overlay.unblock(peer)
+                found += holders
             except NetworkError as exc:
                 log.debug("provider lookup failed: %s", exc)
+        # A trainer (or a holder) that refused one dial at its connection cap sits in
+        # py-libp2p's negative dial cache for 60 s; it is the origin of every version.
+        for peer in self.genesis.message.trainers:
+            self.node.overlay.unblock(peer)
         me = self.node.peer_id
         return [p for p in dict.fromkeys(found) if p != me]
 
@@ -233,11 +250,33 @@ class ShardcastService:
             )
         source = StreamShardSource(self.node)
         try:
-            return await fetch_manifest(
-                source, peers, self.genesis, version, origins=self.genesis.message.trainers
-            )
+            manifest, _ = await self._manifest_and_peers(source, version, peers, bool(only))
+            return manifest
         finally:
             source.close()
+
+    async def _manifest_and_peers(
+        self, source: StreamShardSource, version: int | None, peers: list[str], only: bool
+    ) -> tuple[Signed[ShardManifest], list[str]]:
+        """The manifest of ``version`` from ``peers``; when none of them holds it (a node with
+        bounded connections holds a sample of the run, which may hold nothing of a version:
+        ``tests/integration/test_connection_bounds.py``, and the trainer may be at its cap),
+        the version's provider records are asked, their holders unblocked, and the manifest
+        asked of them. Returns it and the peers to fetch from."""
+        try:
+            manifest = await fetch_manifest(
+                source, peers, self.genesis, version, origins=self.genesis.message.trainers
+            )
+            return manifest, peers
+        except PeerError:
+            if only or version is None:
+                raise
+            log.info("no connected peer held v%d: asking its provider records", version)
+        peers = self._sample(await self.providers(version, records=True))
+        manifest = await fetch_manifest(
+            source, peers, self.genesis, version, origins=self.genesis.message.trainers
+        )
+        return manifest, peers
 
     async def fetch(
         self,
@@ -252,6 +291,8 @@ class ShardcastService:
         ``only``: fetch from these peers and no others (``shardcast fetch --from``);
         ``manifest``: the version's verified manifest when the caller has it (carried by the
         announcement), so no provider is asked for it."""
+        for peer in only:  # asked for by name: dialed even if it refused us a moment ago
+            self.node.overlay.unblock(peer)
         peers = list(only) or self._sample(await self.providers(version))
         if not peers:
             raise PeerError(
@@ -261,9 +302,7 @@ class ShardcastService:
         source = StreamShardSource(self.node)
         try:
             if manifest is None or manifest.message.version != version:
-                manifest = await fetch_manifest(
-                    source, peers, self.genesis, version, origins=self.genesis.message.trainers
-                )
+                manifest, peers = await self._manifest_and_peers(source, version, peers, bool(only))
             if version is None and not only:
                 peers = self._sample(await self.providers(manifest.message.version))
 
@@ -304,9 +343,12 @@ class ShardcastService:
         known run peers before peers of no known role."""
         trainers = set(self.genesis.message.trainers)
         members = {p for role, ps in self.node.peers_by_role().items() for p in ps}
-        known = [p for p in peers if p not in trainers and p in members]
-        unknown = [p for p in peers if p not in trainers and p not in members]
-        others = random.sample(known, min(len(known), MAX_SOURCES))
+        holders = set().union(*self._holders.values()) if self._holders else set()
+        recorded = [p for p in peers if p not in trainers and p in holders]
+        known = [p for p in peers if p not in trainers and p in members and p not in holders]
+        unknown = [p for p in peers if p not in trainers and p not in members | holders]
+        others = random.sample(recorded, min(len(recorded), MAX_SOURCES))
+        others += random.sample(known, min(len(known), MAX_SOURCES - len(others)))
         others += random.sample(unknown, min(len(unknown), MAX_SOURCES - len(others)))
         return [p for p in peers if p in trainers] + others
 

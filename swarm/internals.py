@@ -69,6 +69,13 @@ LIBP2P: tuple[Internal, ...] = (
     ),
     Internal(
         "libp2p.network.swarm:Swarm",
+        "_inbound_limiter",
+        "inbound connections after the host's first (max_connections - min_connections):"
+        " py-libp2p 0.8.1 holds a slot for the swarm's life (swarm/net/host.py)",
+        "network",
+    ),
+    Internal(
+        "libp2p.network.swarm:Swarm",
         "unblock_peer",
         "redialing a restarted peer within py-libp2p's 60 s dial backoff",
     ),

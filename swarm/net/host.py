@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import multiaddr
+import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from libp2p.crypto.keys import KeyPair
-from libp2p.network.config import RetryConfig
+from libp2p.network.config import ConnectionConfig, RetryConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.protocol_muxer.exceptions import MultiselectError
@@ -28,6 +29,8 @@ from swarm.errors import ConfigError
 from swarm.identity import NodeKey, public_from_peer_id
 
 DEFAULT_LISTEN = ("/ip4/0.0.0.0/tcp/4001",)
+UNBOUNDED = 1_000_000
+"""py-libp2p's own connection limits, set out of reach (``build_host``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +93,12 @@ def check_peer_id(text: str) -> ID:
         raise ConfigError(f"{text[:60]!r} is not an Ed25519 peer ID") from exc
 
 
-def build_host(key: NodeKey, listen: Sequence[str], limits: HostLimits | None = None) -> Any:
+def build_host(
+    key: NodeKey,
+    listen: Sequence[str],
+    limits: HostLimits | None = None,
+    connection_cap: int | None = None,
+) -> Any:
     """A py-libp2p ``BasicHost`` for ``key``, not yet listening (``host.run(addrs)`` does that).
 
     Raises ``ConfigError`` for a malformed listen address.
@@ -106,7 +114,22 @@ def build_host(key: NodeKey, listen: Sequence[str], limits: HostLimits | None = 
             ),
             enable_metrics=False,
         )
-    host = new_host(key_pair=key_pair(key), listen_addrs=addrs, resource_manager=rcmgr)
+    # ``connection_cap``: py-libp2p's swarm refuses any dial and any inbound connection past
+    # it (``ConnectionConfig.max_connections``, checked on both paths against the connections
+    # it holds), and the dialer then keeps us in its 60 s negative dial cache: a refusal slows
+    # whoever keeps dialing a full node (closing newcomers after the handshake instead made 30
+    # loopback nodes redial each other without pause). Its pruner and auto-connector have
+    # nothing to do (``swarm.net.connections`` trims, ``_no_auto_connect`` below).
+    cap = connection_cap or UNBOUNDED
+    config = ConnectionConfig(
+        max_connections=cap, min_connections=0, low_watermark=cap, high_watermark=cap
+    )
+    host = new_host(
+        key_pair=key_pair(key),
+        listen_addrs=addrs,
+        resource_manager=rcmgr,
+        connection_config=config,
+    )
     if host.get_id().to_base58() != key.peer_id:  # pragma: no cover - a py-libp2p change
         raise ConfigError("py-libp2p derived another peer ID from the node key")
     # py-libp2p retries every failed dial three more times (0.1 s, 0.2 s, 0.4 s), including a
@@ -116,6 +139,15 @@ def build_host(key: NodeKey, listen: Sequence[str], limits: HostLimits | None = 
     network = host.get_network()
     if hasattr(network, "retry_config"):
         network.retry_config = RetryConfig(max_retries=0)
+    # py-libp2p 0.8.1 holds one of (max_connections - min_connections) inbound slots for as
+    # long as the swarm runs, not the connection (``Swarm._handle_inbound_connection`` waits on
+    # ``manager.wait_finished()`` inside ``_inbound_limiter``): with its defaults (300, 50) a
+    # host refuses every inbound connection after the 250th of its life (a bootstrap peer in
+    # a long run), and with a cap of 12 a trainer refused every newcomer while it held 8
+    # (tests/integration/test_connection_bounds.py). The cap above counts the connections
+    # held; this limiter is made too large to matter (swarm/internals.py checks the name).
+    if hasattr(network, "_inbound_limiter"):
+        network._inbound_limiter = trio.CapacityLimiter(UNBOUNDED)
     # py-libp2p's auto-connector dials every peer its peerstore knows until the host holds
     # (low + high watermark) / 2 = 200 connections, every 10 s while under 50: every node ended
     # up connected to nearly every other (69 connections a node at N = 100, where our runtime

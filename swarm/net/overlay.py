@@ -84,6 +84,8 @@ class OverlayConfig:
     heartbeat: float = 1.0
     dht_server: bool = True
     limits: HostLimits | None = None
+    connection_cap: int | None = None
+    """No dial and no inbound connection past this many connections (``build_host``)."""
     clock: Clock = wall_clock_ms
     gossip_degree: tuple[int, int, int] = (6, 4, 12)
     relay_hop: bool = False
@@ -126,7 +128,7 @@ class Overlay:
     def __init__(self, key: NodeKey, config: OverlayConfig) -> None:
         self.key = key
         self.config = config
-        self.host: Any = build_host(key, config.listen, config.limits)
+        self.host: Any = build_host(key, config.listen, config.limits, config.connection_cap)
         self.advert_validator = RoleAdvertValidator(config.clock)
         validator = NamespacedValidator(
             {"pk": PublicKeyValidator(), NAMESPACE: self.advert_validator},
@@ -225,6 +227,7 @@ class Overlay:
                     "dcutr": overlay.relay.dcutr,
                     "relay_hop": overlay.relay_hop.protocol if overlay.relay_hop else None,
                     "gossipsub": overlay.gossipsub,
+                    "network": overlay.host.get_network(),
                 }
             )
             await stack.enter_async_context(background_trio_service(overlay.pubsub))
@@ -389,6 +392,14 @@ class Overlay:
                     continue
             ok.append(addr)
         return ok
+
+    def unblock(self, peer_id: str) -> None:
+        """Let the next dial to ``peer_id`` happen: py-libp2p keeps a peer whose addresses all
+        failed in a negative cache for a while (a peer that refused us at its connection cap
+        included)."""
+        network = self.host.get_network()
+        if hasattr(network, "unblock_peer"):
+            network.unblock_peer(ID.from_base58(peer_id))
 
     def connected(self, peer_id: str) -> bool:
         try:

@@ -1,0 +1,303 @@
+"""Bounded connections: a host keeps between ``low`` and ``high`` connections, trimming the
+least useful ones above a trim mark under ``high`` and never the protected ones.
+
+Why not py-libp2p's own connection manager (``libp2p.network.connection_pruner``, 0.8.x): it
+never trims a connection with an open stream, and GossipSub keeps one open on every connection
+it has, so in a node that gossips it trims nothing; it also runs only when a connection
+arrives. Its ``ConnectionConfig.max_connections`` is the hard cap, ``high``
+(``swarm.net.host.build_host``, which also frees the inbound slots 0.8.1 leaks). This trimmer
+uses public pieces (``get_connected_peers``, ``get_connections``, ``get_streams``,
+``close_peer``, a notifee) with a notion of use that fits a swarm: a stream other than gossip, identify, ping and DHT
+queries is a transfer in progress (a shard, a manifest, a submission), and a peer whose last
+such stream closed under ``in_use_s`` ago is still in use.
+
+What is protected is the owner's choice (``protected``): for a node, its run's trainers and
+validators, its bootstrap peers and the relays it holds reservations on
+(``node.runtime.Node``). What is trimmed first: peers outside our gossip mesh, then the newest
+(the mesh and the long-lived connections carry the announcements; a peer that just arrived
+gets ``grace_s`` to start its transfer before it may be trimmed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from libp2p.abc import INotifee
+from libp2p.peer.id import ID
+
+from swarm.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+IDLE_PROTOCOLS = ("/meshsub/", "/ipfs/id/", "/ipfs/ping/", "/floodsub/", "/ipfs/kad/")
+"""Streams that are no transfer: the long-lived gossip, identify and ping ones, and DHT
+queries (a few small messages, retried at another peer if cut). Every node of a run queries
+the DHT every few seconds (discovery, adverts, provider records), so counting them as use
+left every peer in use and nothing trimmable: 30 loopback nodes sat at their cap and refused
+a newcomer (``tests/integration/test_connection_bounds.py``)."""
+
+
+@dataclass(frozen=True)
+class ConnectionBounds:
+    """Low and high water marks of a host's connections (``low <= high``)."""
+
+    low: int = 32
+    high: int = 48
+    grace_s: float = 10.0
+    """A connection younger than this is never trimmed (its first transfer may be starting)."""
+    in_use_s: float = 30.0
+    """A peer whose last transfer stream (either way; not gossip, identify, ping or DHT)
+    closed this recently is in use: a fetch between two shard requests, a submission; never
+    trimmed."""
+
+    @property
+    def trim_at(self) -> int:
+        """Trimming starts above this count, below ``high`` (the hard cap, refused past): the
+        gap is room for the connections others open to us (a dial-back that says we are
+        reachable, a newcomer fetching what we hold) between two trims."""
+        return max(self.low, self.high - max(1, (self.high - self.low) // 2))
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.low <= self.high:
+            raise ConfigError(
+                f"connection bounds need 1 <= low <= high (got low {self.low}, high"
+                f" {self.high}): --conn-low and --conn-high"
+            )
+
+
+ROLE_BOUNDS = {"trainer": (128, 192), "validator": (128, 192)}
+"""The run's servers keep more: every worker submits to a validator and fetches from a
+trainer, and a flood of fresh identities holding busy connections must not fill a
+validator's bound (``tests/integration/test_sybil_flood.py``'s 50). Any other role: the
+``ConnectionBounds`` defaults."""
+
+
+def bounds_for(role: str, low: int | None = None, high: int | None = None) -> ConnectionBounds:
+    """The marks for ``role``, with what the operator set (a flag, ``config.toml``): one
+    mark set alone moves the other only as far as ``low <= high`` needs."""
+    default = ConnectionBounds()
+    dlow, dhigh = ROLE_BOUNDS.get(role, (default.low, default.high))
+    if low is None:
+        low = dlow if high is None else min(dlow, high)
+    if high is None:
+        high = max(dhigh, low)
+    return ConnectionBounds(low=low, high=high)
+
+
+@dataclass
+class TrimStats:
+    trims: int = 0
+    """Connections this host closed to keep under its high water mark."""
+    last_trim_at: float | None = None
+    peak: int = 0
+    """The most connections seen at one check."""
+    recent: list[str] = field(default_factory=list)
+    """The last peers trimmed (newest last, at most 16)."""
+
+
+class ConnectionTrimmer:
+    """Checks a host's connections and trims them to ``bounds.low`` when over ``bounds.high``.
+
+    ``protected()`` names the peers never trimmed; ``mesh()`` the peers in our gossip mesh
+    (kept before the others); both are read at each check."""
+
+    def __init__(
+        self,
+        host: Any,
+        bounds: ConnectionBounds,
+        protected: Callable[[], Collection[str]],
+        mesh: Callable[[], Collection[str]] = frozenset,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.host = host
+        self.bounds = bounds
+        self.protected = protected
+        self.mesh = mesh
+        self.clock = clock
+        self.stats = TrimStats()
+        self._first_seen: dict[str, float] = {}
+        self._last_stream: dict[str, float] = {}
+        """Peer -> when a transfer stream to or from it last closed (``_StreamNotifee``)."""
+        self._opened = trio.Event()
+        network = host.get_network()
+        if hasattr(network, "register_notifee"):
+            network.register_notifee(_StreamNotifee(self))
+
+    def count(self) -> int:
+        return len(self.host.get_connected_peers())
+
+    def busy(self, peer: str) -> bool:
+        """A stream other than the long-lived idle ones is open to ``peer``."""
+        for conn in self.host.get_network().get_connections(ID.from_base58(peer)):
+            for stream in conn.get_streams():
+                protocol = str(stream.get_protocol() or "")
+                if not protocol.startswith(IDLE_PROTOCOLS):
+                    return True
+        return False
+
+    def in_use(self, peer: str) -> bool:
+        last = self._last_stream.get(peer)
+        return self.busy(peer) or (last is not None and self.clock() - last < self.bounds.in_use_s)
+
+    def note_stream(self, peer: str, protocol: str = "") -> None:
+        if not protocol.startswith(IDLE_PROTOCOLS):
+            self._last_stream[peer] = self.clock()
+
+    def _ages(self, peers: list[str]) -> dict[str, float]:
+        now = self.clock()
+        seen = {p: self._first_seen.get(p, now) for p in peers}
+        self._first_seen = seen  # peers gone are forgotten: a new connection starts anew
+        self._last_stream = {p: t for p, t in self._last_stream.items() if p in seen}
+        return {p: now - t for p, t in seen.items()}
+
+    def candidates(self) -> list[str]:
+        """Peers that may be trimmed now, least useful first."""
+        peers = [str(p) for p in self.host.get_connected_peers()]
+        ages = self._ages(peers)
+        keep = set(self.protected())
+        mesh = set(self.mesh())
+        free = [
+            p
+            for p in peers
+            if p not in keep and ages[p] >= self.bounds.grace_s and not self.in_use(p)
+        ]
+        return sorted(free, key=lambda p: (p in mesh, -ages[p]))
+
+    async def check(self) -> list[str]:
+        """Trim to ``low`` when over ``bounds.trim_at``; returns the peers trimmed. Trimming
+        starts below ``high``, the host's hard cap (``swarm.net.host.build_host``: past it
+        every dial and every newcomer is refused), so that there is room for the connections
+        others open to us (a dial-back that says we are reachable, a DHT query, a newcomer
+        fetching what we hold) between two checks."""
+        peers = [str(p) for p in self.host.get_connected_peers()]
+        count = len(peers)
+        self.stats.peak = max(self.stats.peak, count)
+        if count <= self.bounds.trim_at:
+            self._ages(peers)
+            return []
+        trimmed = self.candidates()[: count - self.bounds.low]
+        await self._close(trimmed)
+        if trimmed:
+            log.info(
+                "%d connections, over the trim mark %d: trimmed %d (%s)",
+                count,
+                self.bounds.trim_at,
+                len(trimmed),
+                ", ".join(p[-8:] for p in trimmed),
+            )
+        return trimmed
+
+    async def make_room(self) -> bool:
+        """Before we dial a peer for a transfer or one we protect: at the cap, trim the least
+        useful connection (the dial would be refused by our own host otherwise). False:
+        none may go."""
+        if self.count() < self.bounds.high:
+            return True
+        candidates = self.candidates()
+        if not candidates:
+            return False
+        await self._close(candidates[:1])
+        return True
+
+    async def _close(self, peers: list[str]) -> None:
+        for peer in peers:
+            try:
+                await self.host.get_network().close_peer(ID.from_base58(peer))
+            except Exception as exc:  # a connection that closed under us is trimmed too
+                log.debug("closing the connection to %s: %s", peer[-8:], exc)
+        if peers:
+            self.stats.trims += len(peers)
+            self.stats.last_trim_at = time.time()
+            self.stats.recent = (self.stats.recent + peers)[-16:]
+
+    async def run(self, every_s: float = 2.0) -> None:
+        """Check every ``every_s``, and at once when a connection opens past the trim mark
+        (``_StreamNotifee.connected``): the room under the cap is kept for the next one."""
+        while True:
+            await self.check()
+            with trio.move_on_after(every_s):
+                await self._opened.wait()
+            self._opened = trio.Event()
+
+    def note_connected(self) -> None:
+        if self.count() > self.bounds.trim_at:
+            self._opened.set()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "connections": self.count(),
+            "low": self.bounds.low,
+            "high": self.bounds.high,
+            "trim_at": self.bounds.trim_at,
+            "over_high": self.count() > self.bounds.high,
+            "peak": self.stats.peak,
+            "trims": self.stats.trims,
+            "last_trim_at": self.stats.last_trim_at,
+            "recently_trimmed": [p[-8:] for p in self.stats.recent],
+        }
+
+
+class _StreamNotifee(INotifee):
+    """py-libp2p's network events: streams as they close (``note_stream``: the protocol is
+    known by then; an open stream is seen by ``busy``) and connections past the trim mark
+    (``note_connected``)."""
+
+    def __init__(self, trimmer: ConnectionTrimmer) -> None:
+        self.trimmer = trimmer
+
+    async def opened_stream(self, network: Any, stream: Any) -> None:
+        pass  # told before the protocol is negotiated; ``busy`` sees the open streams
+
+    async def closed_stream(self, network: Any, stream: Any) -> None:
+        try:
+            peer = stream.muxed_conn.peer_id.to_base58()
+        except AttributeError:  # pragma: no cover - another stream type
+            return
+        self.trimmer.note_stream(peer, str(stream.get_protocol() or ""))
+
+    async def connected(self, network: Any, conn: Any) -> None:
+        self.trimmer.note_connected()
+
+    async def disconnected(self, network: Any, conn: Any) -> None:
+        pass
+
+    async def listen(self, network: Any, multiaddr: Any) -> None:
+        pass
+
+    async def listen_close(self, network: Any, multiaddr: Any) -> None:
+        pass
+
+
+@dataclass
+class RedialBackoff:
+    """When a peer we dialed and lost may be dialed again: ``first_s`` after the first loss,
+    doubling with each loss up to ``max_s``; a loss more than ``forget_s`` after the last one
+    starts again at ``first_s`` (a peer that stayed connected a long while, then restarted).
+
+    Without it, a busy peer over its trim mark that drops us would be redialed every round,
+    and trim us again: churn for both, and for every other node that wants it."""
+
+    first_s: float
+    max_s: float
+    forget_s: float = 3600.0
+    _lost: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    """Peer -> (lost at, the backoff then, no dial before)."""
+
+    def lost(self, peer: str, now: float) -> float:
+        """Note that ``peer`` was lost at ``now``; returns the wait before it may be dialed."""
+        last = self._lost.get(peer)
+        if last is None or now - last[0] > self.forget_s:
+            backoff = self.first_s
+        else:
+            backoff = min(self.max_s, 2 * last[1])
+        self._lost[peer] = (now, backoff, now + backoff)
+        return backoff
+
+    def may_dial(self, peer: str, now: float) -> bool:
+        last = self._lost.get(peer)
+        return last is None or now >= last[2]

@@ -1,0 +1,139 @@
+"""Bounded connections on a real swarm: 30 nodes on 127.0.0.1 (a trainer and 29 workers, one
+bootstrap peer) with low and high water marks of 8 and 12. Every node dials past the low mark
+only to reach the trainer and trims what others' dials add past the high one; once formed,
+every node stays at or under 12 through an announcement that reaches all of them, no node
+trims a peer it protects, and a node that joins then still fetches a version from several
+peers.
+
+The bootstrap peer is no run node: it keeps its resource manager's limit (``HostLimits``),
+as every node stays connected to it (``docs/protocol.md``, "Bounded connections")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from node.runtime import Node
+from node.shardcast import ShardcastService
+from swarm.errors import PeerError
+from swarm.net.connections import ConnectionBounds
+from swarm.shardcast import ShardStore, publish
+from tests.netfactory import NetFactory, wait_until
+from tests.shardcast_util import checkpoint
+
+N = 30
+BOUNDS = ConnectionBounds(low=8, high=12)
+HOLDERS = 4
+"""Workers that fetch the version from the trainer first, so that there are several sources."""
+
+
+def counts(nodes: list[Node]) -> list[int]:
+    return [n.connections.count() for n in nodes]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_share(
+    tmp_path: Path,
+) -> None:
+    async with NetFactory(discover_every_s=1.0) as net:
+        await net.bootstrap()
+        trainer = await net.node("trainer", connections=BOUNDS)
+        workers = [await net.node("inference", connections=BOUNDS) for _ in range(N - 1)]
+        nodes = [trainer, *workers]
+        await wait_until(lambda: all(n.peers_by_role().get("trainer") for n in workers), 120)
+
+        # Formed: the trainer (dialed by everyone) and the popular workers trimmed, and every
+        # node is at or under the high water mark.
+        def formed() -> bool:
+            return sum(n.connections.stats.trims for n in nodes) > 0 and max(counts(nodes)) <= (
+                BOUNDS.high
+            )
+
+        await wait_until(formed, 120, poll=0.5)
+        formed_at = [n.connections.stats.trims for n in nodes]
+
+        # An announcement reaches every node (mesh and flood publishing) while the counts are
+        # sampled: none goes over the high water mark.
+        peaks: list[int] = []
+
+        async def sample() -> None:
+            while True:
+                peaks.append(max(counts(nodes)))
+                await trio.sleep(0.2)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sample)
+            await trainer.announce_policy(1, b"\x01" * 32)
+            await wait_until(lambda: all(n.policy.version == 1 for n in nodes), 60)
+            await trio.sleep(0)  # at least one sample after the last node heard it
+            peaks.append(max(counts(nodes)))
+            nursery.cancel_scope.cancel()
+        assert peaks and max(peaks) <= BOUNDS.high, (peaks, counts(nodes))
+
+        # Nobody trimmed a peer it protects (its bootstrap peer, the trainer).
+        for n in nodes:
+            protected = n._protected_peers()
+            assert not set(n.connections.stats.recent) & protected, n.connections.status()
+        status = workers[0].status()["connections"]
+        assert status["high"] == BOUNDS.high and status["connections"] <= BOUNDS.high
+
+        # A node that joins now fetches a version from several peers.
+        stores = {i: ShardStore(tmp_path / f"store-{i}") for i in range(N + 1)}
+        publish(
+            checkpoint(tmp_path / "policy.safetensors", 2_000_000),
+            key=net.trainer_keys[0],
+            genesis=net.genesis,
+            version=2,
+            store=stores[0],
+            shard_size=65_536,
+        )
+        fresh = await net.node("inference", connections=BOUNDS)
+        async with (
+            ShardcastService.start(trainer, net.genesis, stores[0]) as origin,
+            trio.open_nursery() as services,
+        ):
+            await origin.advertise(2)
+            # Every worker serves what it holds (as `join` does); HOLDERS of them hold v2.
+            served = []
+            for i, w in enumerate(workers, start=1):
+                served.append(await services.start(_serve, w, net, stores[i]))
+            # Set-up: copies from the trainer (the newcomer's is the test). The trainer, at its
+            # cap, refuses new connections until it trims: a copy may take a few tries.
+            for h in served[:HOLDERS]:
+                with trio.fail_after(60):
+                    while True:
+                        try:
+                            await h.fetch(2, only=[trainer.peer_id])
+                            break
+                        except PeerError:
+                            await trio.sleep(1.0)
+            await wait_until(lambda: fresh.peers_by_role().get("trainer"), 60)
+            newcomer = await services.start(_serve, fresh, net, stores[N])
+            got = await newcomer.fetch(2)
+            sources = [p for p in got.progress.peers() if int(p["shards"]) > 0]  # type: ignore[call-overload]
+            assert len(sources) >= 2, [
+                (p["peer"][-8:], p["shards"], p["failures"], p["last_error"])  # type: ignore[index]
+                for p in got.progress.peers()
+            ]
+            assert fresh.connections.count() <= BOUNDS.high
+            services.cancel_scope.cancel()
+        print(
+            f"N={N}: connections per node {sorted(counts(nodes))}; trims by formation"
+            f" {sum(formed_at)}, after {sum(n.connections.stats.trims for n in nodes)};"
+            f" the fresh node fetched from {len(sources)} peers"
+        )
+
+
+async def _serve(
+    node: Node,
+    net: NetFactory,
+    store: ShardStore,
+    *,
+    task_status: trio.TaskStatus[ShardcastService] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    async with ShardcastService.start(node, net.genesis, store) as service:
+        task_status.started(service)
+        await trio.sleep_forever()

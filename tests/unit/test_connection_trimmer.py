@@ -1,0 +1,222 @@
+"""The connection trimmer's choices, on a host double: at the high water mark it closes the
+least useful connections down to the low one, and never a protected peer, a peer mid-transfer
+or a connection younger than the grace period."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import trio
+from libp2p.peer.id import ID
+
+from swarm.errors import ConfigError
+from swarm.net.connections import ConnectionBounds, ConnectionTrimmer, RedialBackoff, bounds_for
+from tests.netfactory import key_named
+
+PEERS = [key_named(f"peer-{i}").peer_id for i in range(10)]
+
+
+@dataclass
+class FakeStream:
+    protocol: str
+
+    def get_protocol(self) -> str:
+        return self.protocol
+
+
+@dataclass
+class FakeConn:
+    streams: list[FakeStream]
+
+    def get_streams(self) -> tuple[FakeStream, ...]:
+        return tuple(self.streams)
+
+
+@dataclass
+class FakeNetwork:
+    conns: dict[str, FakeConn]
+    closed: list[str] = field(default_factory=list)
+
+    def get_connections(self, peer: ID) -> list[FakeConn]:
+        conn = self.conns.get(peer.to_base58())
+        return [conn] if conn else []
+
+    async def close_peer(self, peer: ID) -> None:
+        self.closed.append(peer.to_base58())
+        del self.conns[peer.to_base58()]
+
+
+@dataclass
+class FakeHost:
+    network: FakeNetwork
+
+    def get_network(self) -> FakeNetwork:
+        return self.network
+
+    def get_connected_peers(self) -> list[ID]:
+        return [ID.from_base58(p) for p in self.network.conns]
+
+
+def gossip_only() -> FakeConn:
+    return FakeConn([FakeStream("/meshsub/1.1.0"), FakeStream("/ipfs/id/1.0.0")])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def trimmer(
+    conns: dict[str, FakeConn],
+    *,
+    protected: set[str] = frozenset(),  # type: ignore[assignment]
+    mesh: set[str] = frozenset(),  # type: ignore[assignment]
+    low: int = 4,
+    high: int = 6,
+) -> tuple[ConnectionTrimmer, FakeNetwork, Clock]:
+    network = FakeNetwork(dict(conns))
+    clock = Clock()
+    t = ConnectionTrimmer(
+        FakeHost(network),
+        ConnectionBounds(low=low, high=high, grace_s=10.0),
+        lambda: protected,
+        lambda: mesh,
+        clock=clock,
+    )
+    return t, network, clock
+
+
+async def settle(t: ConnectionTrimmer, clock: Clock) -> list[str]:
+    """A first look (every connection is new: none may go), then one past the grace period;
+    every peer trimmed."""
+    first = await t.check()
+    clock.now += 11.0
+    return first + await t.check()
+
+
+async def test_under_the_high_water_mark_nothing_is_trimmed() -> None:
+    t, network, clock = trimmer({p: gossip_only() for p in PEERS[:5]})
+    assert await settle(t, clock) == []
+    assert network.closed == [] and t.status()["connections"] == 5
+
+
+async def test_at_the_mark_which_is_also_the_cap_it_makes_room() -> None:
+    t, network, clock = trimmer({p: gossip_only() for p in PEERS[:6]})
+    assert len(await settle(t, clock)) == 2 and len(network.conns) == 4
+
+
+async def test_over_it_the_trimmer_closes_down_to_the_low_mark_never_a_protected_peer() -> None:
+    protected = set(PEERS[:3])
+    t, network, clock = trimmer({p: gossip_only() for p in PEERS}, protected=protected)
+    trimmed = await settle(t, clock)
+    assert len(trimmed) == 10 - 4 and not set(trimmed) & protected
+    assert set(network.conns) >= protected and len(network.conns) == 4
+    status = t.status()
+    assert status["trims"] == 6 and status["peak"] == 10 and status["connections"] == 4
+
+
+async def test_a_peer_mid_transfer_and_a_new_connection_are_kept() -> None:
+    conns = {p: gossip_only() for p in PEERS[:8]}
+    conns[PEERS[0]] = FakeConn([FakeStream("/meshsub/1.1.0"), FakeStream("/swarm-node/r/shard/1")])
+    t, network, clock = trimmer(conns, high=9)
+    await t.check()
+    clock.now += 11.0
+    network.conns[PEERS[9]] = gossip_only()  # arrived just now: within its grace period
+    trimmed = await t.check()
+    assert PEERS[0] not in trimmed and PEERS[9] not in trimmed
+    assert len(trimmed) == 9 - 4 and set(network.conns) >= {PEERS[0], PEERS[9]}
+
+
+async def test_peers_outside_the_gossip_mesh_go_first() -> None:
+    mesh = set(PEERS[:5])
+    t, _network, clock = trimmer({p: gossip_only() for p in PEERS[:8]}, mesh=mesh, high=8)
+    trimmed = await settle(t, clock)
+    assert set(trimmed) == set(PEERS[5:8]) | {trimmed[-1]} and trimmed[-1] in mesh
+    assert len(trimmed) == 4
+
+
+async def test_when_everything_is_protected_it_stays_over_and_says_so() -> None:
+    t, _network, clock = trimmer({p: gossip_only() for p in PEERS}, protected=set(PEERS))
+    assert await settle(t, clock) == []
+    assert t.status()["connections"] == 10 > t.status()["high"] and t.status()["over_high"]
+
+
+def test_bounds_are_checked() -> None:
+    with pytest.raises(ConfigError, match="low <= high"):
+        ConnectionBounds(low=10, high=5)
+    with pytest.raises(ConfigError, match="--conn-low"):
+        ConnectionBounds(low=0, high=5)
+
+
+async def test_run_checks_again_and_again() -> None:
+    t, network, _ = trimmer({p: gossip_only() for p in PEERS})
+    t.bounds = ConnectionBounds(low=4, high=6, grace_s=0.0)
+    with trio.move_on_after(1.0):
+        await t.run(every_s=0.05)
+    assert len(network.conns) == 4
+
+
+async def test_a_peer_that_opened_a_stream_lately_is_in_use() -> None:
+    t, network, clock = trimmer({p: gossip_only() for p in PEERS[:8]}, high=9)
+    await t.check()
+    clock.now += 11.0
+    t.note_stream(PEERS[1], "/swarm-node/r/shard/1")  # a shard request just closed
+    t.note_stream(PEERS[2], "/ipfs/kad/1.0.0")  # a DHT query: no use that keeps a peer
+    trimmed = await t.check()
+    assert PEERS[1] not in trimmed and PEERS[1] in network.conns and PEERS[2] in trimmed
+    clock.now += 31.0  # past in_use_s: an idle peer like the others
+    network.conns.update({p: gossip_only() for p in PEERS[:8] if p not in network.conns})
+    assert PEERS[1] in await t.check() or len(network.conns) == 4
+
+
+async def test_before_dialing_a_protected_peer_at_the_cap_one_connection_goes() -> None:
+    t, network, clock = trimmer({p: gossip_only() for p in PEERS[:6]}, protected={PEERS[0]})
+    await t.check()  # every connection new: nothing may go yet
+    assert await t.make_room() is False and len(network.conns) == 6
+    clock.now += 11.0
+    assert await t.make_room() is True and len(network.conns) == 5
+    assert PEERS[0] in network.conns
+
+
+def test_trimming_starts_below_the_cap_leaving_room_for_inbound_connections() -> None:
+    assert ConnectionBounds(low=32, high=48).trim_at == 40
+    assert ConnectionBounds(low=8, high=12).trim_at == 10
+    assert ConnectionBounds(low=5, high=5).trim_at == 5  # no gap to keep
+
+
+async def test_one_connection_past_the_trim_mark_wakes_the_trimmer_at_once() -> None:
+    t, network, _clock = trimmer({p: gossip_only() for p in PEERS[:5]})  # trim mark 5
+    t.bounds = ConnectionBounds(low=4, high=6, grace_s=0.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(t.run, 3600.0)  # never by the clock in this test
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(network.conns) == 5
+        network.conns[PEERS[5]] = gossip_only()
+        t.note_connected()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(network.conns) == 4
+        nursery.cancel_scope.cancel()
+
+
+def test_a_lost_peer_waits_longer_each_time_and_is_forgiven_after_a_long_while() -> None:
+    backoff = RedialBackoff(first_s=5.0, max_s=20.0, forget_s=100.0)
+    assert backoff.may_dial("p", 0.0)
+    assert backoff.lost("p", 0.0) == 5.0 and not backoff.may_dial("p", 4.9)
+    assert backoff.may_dial("p", 5.0)
+    assert [backoff.lost("p", t) for t in (6.0, 20.0, 50.0)] == [10.0, 20.0, 20.0]
+    assert backoff.lost("p", 151.0) == 5.0  # 101 s after the last loss: a fresh start
+    assert backoff.may_dial("q", 151.0)  # another peer is its own
+
+
+def test_the_runs_servers_keep_more_and_one_mark_moves_the_other_only_as_needed() -> None:
+    assert bounds_for("inference") == ConnectionBounds(low=32, high=48)
+    assert bounds_for("validator") == ConnectionBounds(low=128, high=192)
+    assert bounds_for("inference", high=12) == ConnectionBounds(low=12, high=12)
+    assert bounds_for("inference", low=60) == ConnectionBounds(low=60, high=60)
+    assert bounds_for("trainer", low=8, high=12) == ConnectionBounds(low=8, high=12)
+    with pytest.raises(ConfigError, match="low 20, high 10"):
+        bounds_for("inference", low=20, high=10)
