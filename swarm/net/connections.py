@@ -7,9 +7,9 @@ it has, so in a node that gossips it trims nothing; it also runs only when a con
 arrives. Its ``ConnectionConfig.max_connections`` is the hard cap, ``high``
 (``swarm.net.host.build_host``, which also frees the inbound slots 0.8.1 leaks). This trimmer
 uses public pieces (``get_connected_peers``, ``get_connections``, ``get_streams``,
-``close_peer``, a notifee) with a notion of use that fits a swarm: a stream other than gossip, identify, ping and DHT
-queries is a transfer in progress (a shard, a manifest, a submission), and a peer whose last
-such stream closed under ``in_use_s`` ago is still in use.
+``close_peer``, a notifee) with a notion of use that fits a swarm: a stream other than gossip,
+identify, ping and DHT queries is a transfer in progress (a shard, a manifest, a submission),
+and a peer whose last such stream closed under ``in_use_s`` ago is still in use.
 
 What is protected is the owner's choice (``protected``): for a node, its run's trainers and
 validators, its bootstrap peers and the relays it holds reservations on
