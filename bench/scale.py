@@ -143,13 +143,19 @@ def log(msg: str) -> None:
     print(f"[scale {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-async def spawn(nursery: trio.Nursery, spec: Path, name: str, *args: str) -> Proc:
-    cmd = [sys.executable, str(BENCH / "scale_node.py"), "--spec", str(spec), *args]
+async def spawn(
+    nursery: trio.Nursery, spec: Path, name: str, *args: str, root: Path = ROOT
+) -> Proc:
+    """A ``scale_node.py`` process of the code at ``root`` (another checkout, for
+    ``bench/idle.py --baseline``: its ``swarm``, ``node`` and ``bench`` are imported first)."""
+    cmd = [sys.executable, str(root / "bench" / "scale_node.py"), "--spec", str(spec), *args]
+    env = os.environ | {"PYTHONPATH": str(root)} if root != ROOT else None
     proc = await trio.lowlevel.open_process(
         cmd,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        cwd=ROOT,
+        cwd=root,
+        env=env,
         start_new_session=True,  # its own process group: killed whole at the end
     )
     child = Proc(proc, name)
@@ -158,18 +164,24 @@ async def spawn(nursery: trio.Nursery, spec: Path, name: str, *args: str) -> Pro
 
 
 async def start_publisher(
-    nursery: trio.Nursery, spec: dict[str, Any], spec_path: Path, procs: list[Proc]
+    nursery: trio.Nursery,
+    spec: dict[str, Any],
+    spec_path: Path,
+    procs: list[Proc],
+    root: Path = ROOT,
 ) -> tuple[Proc, dict[str, Any]]:
     """Two bootstrap peers (the second dials the first; their addresses go into the spec),
     then the publisher; returns it and its ``up`` event."""
     spec["boot_addrs"] = []
     for i in range(2):
-        boot = await spawn(nursery, spec_path, f"boot-{i}", "--role", "boot", "--index", str(i))
+        boot = await spawn(
+            nursery, spec_path, f"boot-{i}", "--role", "boot", "--index", str(i), root=root
+        )
         procs.append(boot)
         with trio.fail_after(60):
             spec["boot_addrs"].append((await boot.wait("up"))[0]["addr"])
         spec_path.write_text(json.dumps(spec))
-    pub = await spawn(nursery, spec_path, "pub", "--role", "pub")
+    pub = await spawn(nursery, spec_path, "pub", "--role", "pub", root=root)
     procs.append(pub)
     with trio.fail_after(60):
         return pub, (await pub.wait("up"))[0]
@@ -183,6 +195,7 @@ async def start_groups(
     procs: list[Proc],
     stagger_s: float = 0.0,
     timeout_s: float = 180.0,
+    root: Path = ROOT,
 ) -> list[Proc]:
     """``n`` nodes, ``per_process`` to a process, ``stagger_s`` apart (contributors do not all
     join in one second); returns once every process says it is up."""
@@ -192,7 +205,7 @@ async def start_groups(
         count = min(per, n - first)
         g = await spawn(
             nursery, spec_path, f"group-{first}", "--role", "group",
-            "--index", str(first), "--count", str(count),
+            "--index", str(first), "--count", str(count), root=root,
         )  # fmt: skip
         groups.append(g)
         procs.append(g)

@@ -6,8 +6,9 @@ third of its lifetime, and again whenever our DHT routing table has doubled sinc
 published: records stored while the network was small sit at the peers that were closest then,
 and a lookup asks only the peers closest now (``_grown``; without it, on 25 loopback nodes,
 some never found a trainer that joined before them: docs/BENCHMARKS.md, Scale). Discovery
-runs every ``discover_every_s`` (3 s) and backs off to 8x while nothing new turns up; one more
-peer of a role we know ``ENOUGH_PEERS`` of does not bring the base pace back (``hurry``).
+runs every ``discover_every_s`` (3 s) and backs off to 8x while nothing new turns up (32x once
+every genesis trainer and validator is known); one more peer of a role we know
+``ENOUGH_PEERS`` of does not bring the base pace back (``hurry``).
 Lookups go the other way: providers of a role's key, then each provider's advert, checked
 again here (signed by the peer it describes, unexpired, the role it was found under, and for
 trainers and validators named by the genesis), because provider records are unsigned and
@@ -316,8 +317,26 @@ class Membership:
             # every 3 s the bootstrap peers, which hold the records early on, stopped answering
             # (docs/BENCHMARKS.md, Scale). Something new found starts again at the base pace,
             # unless it is one more of a role we know ``ENOUGH_PEERS`` of (``hurry``).
-            quiet = 0 if hurry(before, self._role_counts()) else min(quiet + 1, 3)
-            await trio.sleep(self.config.discover_every_s * 2**quiet)
+            # While we are connected to every genesis trainer and validator (each with a fresh
+            # advert), the pace backs off further (to 32x, 96 s): what is left to find is more
+            # peers of the open roles, which bounded connections need few of, and each round
+            # costs 12 DHT requests, a quarter of an idle node's loop time (bench/idle.py
+            # --profile, N = 25). One of them lost (a trainer killed) ends that wait within
+            # ``discover_every_s`` and the pace is back to at most 8x.
+            most = QUIET_SETTLED if self.settled() else QUIET_SEARCHING
+            quiet = 0 if hurry(before, self._role_counts()) else min(quiet + 1, most)
+            deadline = trio.current_time() + self.config.discover_every_s * 2**quiet
+            while (left := deadline - trio.current_time()) > 0:
+                await trio.sleep(min(left, self.config.discover_every_s))
+                if quiet > QUIET_SEARCHING and not self.settled():
+                    quiet = QUIET_SEARCHING
+                    break
+
+    def settled(self) -> bool:
+        """Connected to every trainer and validator the genesis names, each with a fresh
+        advert here: nothing discovery must find soon."""
+        servers = (self.trainers | self.validators) - {self.key.peer_id}
+        return all(self._fresh(p) and self.overlay.connected(p) for p in servers)
 
     def _role_counts(self) -> dict[str, int]:
         counts: dict[str, int] = dict.fromkeys(RUN_ROLES, 0)
@@ -326,6 +345,10 @@ class Membership:
         return counts
 
 
+QUIET_SEARCHING = 3
+"""Discovery backs off to ``discover_every_s * 2**QUIET_SEARCHING`` (8x) while a genesis trainer
+or validator is still unknown, and to ``2**QUIET_SETTLED`` (32x) once all of them are known."""
+QUIET_SETTLED = 5
 ENOUGH_PEERS = 32
 """Peers of one role past which finding one more does not quicken discovery: what a node
 uses them for (gossip connections, ``node.runtime.MAX_GOSSIP_PEERS``; shard sources, 8 of

@@ -7,6 +7,7 @@ round."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -145,3 +146,39 @@ def test_a_trainer_whose_advert_was_not_found_is_looked_up_every_round() -> None
         assert m.peers_by_role()["trainer"] == [trainer.peer_id]
 
     trio.run(rounds)
+
+
+def test_discovery_slows_to_32x_while_connected_to_every_trainer_and_not_once_one_is_lost() -> None:
+    trainer = NodeKey.generate()
+    overlay = FakeOverlay([], {trainer.peer_id}, {}, trainers=[trainer.peer_id])
+    m = membership(overlay)
+    m._peers = {trainer.peer_id: advert(trainer, "trainer")}
+    rounds: list[float] = []
+
+    async def discover() -> dict[str, list[str]]:
+        rounds.append(trio.current_time())
+        return {}
+
+    async def nothing() -> None:
+        pass
+
+    m.discover = discover  # type: ignore[method-assign]
+    m.publish = nothing  # type: ignore[method-assign]
+    m.check_duplicate = nothing  # type: ignore[assignment, method-assign]
+    base = m.config.discover_every_s
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(m.run)
+            await trio.sleep(1000.0)
+            overlay.connected_to.clear()  # the trainer is gone (killed, say)
+            lost_at = trio.current_time()
+            await trio.sleep(30.0)
+            nursery.cancel_scope.cancel()
+            gaps = [b - a for a, b in itertools.pairwise(rounds)]
+            assert max(gaps) == base * 2**5  # settled: 96 s between two rounds
+            after = [t for t in rounds if t > lost_at]
+            assert after and after[0] - lost_at <= base  # lost: a round within 3 s
+            assert all(b - a <= base * 2**3 for a, b in itertools.pairwise(after))
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
