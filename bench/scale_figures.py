@@ -68,6 +68,7 @@ def figures(
         "lookup_p95_s": pct(lookups_ms, 95) / 1000,
         "connections_per_node": statistics.fmean(connections) if connections else 0.0,
         "connections_per_node_max": max(connections, default=0),
+        "connections_max": max(connections, default=0),
         "version_bytes": version_bytes,
     }
 
@@ -152,16 +153,17 @@ def render(runs: dict[str, dict[str, Any]]) -> None:
 def project(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """``bench/scale_sim.py``'s projection from the largest run, when that module is there."""
     if not runs:
-        return {"sim_error_at_100": None, "projection": {}}
+        return {"sim_error_at_100": None, "sim_heldout_error": None, "projection": {}}
     try:
         import scale_sim  # type: ignore[import-not-found]
     except ImportError:
-        return {"sim_error_at_100": None, "projection": {"note": "bench/scale_sim.py not found"}}
+        note = "bench/scale_sim.py not found"
+        return {"sim_error_at_100": None, "sim_heldout_error": None, "projection": {"note": note}}
     largest = runs[str(max(int(k) for k in runs))]
     cal = largest.get("calibration") or {}
     missing = [k for k in ("node_serve_mib_s", "origin_serve_mib_s") if not cal.get(k)]
     if missing:  # no copy finished from a peer (or the origin): nothing to calibrate on
         note = f"N={largest['nodes']}: no {', '.join(missing)} measured; no projection"
-        return {"sim_error_at_100": None, "projection": {"note": note}}
+        return {"sim_error_at_100": None, "sim_heldout_error": None, "projection": {"note": note}}
     out: dict[str, Any] = scale_sim.project(largest)
     return out

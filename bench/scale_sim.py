@@ -7,6 +7,8 @@ synthetic figures (``SYNTHETIC_RUNS``) stand in and the output says so. The mode
 ``bench/scale_model.py`` (a SimPy simulation of our fetch scheduler, serving limits and gossip;
 its docstring lists what it copies and what it simplifies). Decisions owned here:
 
+- held out: ``heldout`` calibrates on the smallest run and checks every other size
+  (``sim_heldout_error``: the largest error of announcement p95 and copy p95 there);
 - calibration: ``calibrate`` takes the N = 100 run's own figures (per-pull serving rates of
   nodes and origin, shard size, parallel sources, gossip degree, per-hop gossip latency,
   connections per node) and fits one: the capacity of the machine that hosts every node, from
@@ -202,6 +204,33 @@ def check(params: SimParams, runs: dict[str, Any], seeds: int = 3) -> dict[str, 
     return out
 
 
+def heldout(runs: dict[str, Any], fit_on: str | None = None, seeds: int = 3) -> dict[str, Any]:
+    """Calibrate on one run and check the model on every other (sizes it was not fitted on).
+
+    ``fit_on``: the N to fit on; default the smallest run whose copy reached 95% of its nodes
+    (the host's capacity is fitted from it, the per-hop latency from its announcement p50).
+    ``sim_heldout_error``: the largest relative error, over the held-out runs, of the simulated
+    announcement p95 and copy p95 against the measured ones (a figure a run did not reach is
+    not compared)."""
+    runs = {k: {"nodes": int(k), **r} for k, r in _runs(runs).items()}
+    reached = [k for k in runs if math.isfinite(float(runs[k]["shards_p95_s"]))]
+    key = fit_on or min(reached or runs, key=int)
+    params = calibrate(runs[key])
+    checked = check(params, {k: r for k, r in runs.items() if k != key}, seeds)
+    errors = [
+        e
+        for c in checked.values()
+        for e in (c["announce_p95_error"], c["shards_p95_error"])
+        if e is not None
+    ]
+    return {
+        "fit_on_n": int(key),
+        "held_out_n": sorted(int(k) for k in checked),
+        "check": checked,
+        "sim_heldout_error": max(errors) if errors else None,
+    }
+
+
 def _runs(given: dict[str, Any]) -> dict[str, Any]:
     """The runs by N from ``bench/scale.py``'s JSON, its ``runs`` map, or one run dict."""
     if "calibration" in given:
@@ -309,7 +338,10 @@ def project(
     for n in sizes:
         sim = simulate(params, n, version, HOME, seed=0)
         projection[str(n)] = _summary(sim, params, n, version, HOME)
+    held = heldout(runs) if len(runs) > 1 else None
     out: dict[str, Any] = {
+        "sim_heldout_error": held["sim_heldout_error"] if held else None,
+        "heldout": held,
         "sim_error_at_100": checked[key]["shards_p95_error"],
         "announce_error_at_100": checked[key]["announce_p95_error"],
         "calibrated_on_n": int(key),
@@ -381,6 +413,13 @@ def print_report(result: dict[str, Any]) -> None:
             f"shards {c['shards_p95_error']}, announce {c['announce_p95_error']}",
         )
     console.print(table)
+    held = result.get("heldout")
+    if held:
+        console.print(
+            f"fitted on N = {held['fit_on_n']}, held out N = {held['held_out_n']}:"
+            f" sim_heldout_error {held['sim_heldout_error']} (the largest error of announce p95"
+            " and copy p95 at the sizes it was not fitted on)"
+        )
     table = Table(title=f"62 GB to home contributors ({result['assumptions']['contributors']})")
     for col in (
         "case",

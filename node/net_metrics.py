@@ -70,6 +70,18 @@ class _NodeCollector:
         yield GaugeMetricFamily(
             "swarm_node_connected_peers", "Open libp2p connections", value=status["connected_peers"]
         )
+        bounds = status.get("connections")
+        if bounds is not None:  # a run node's connection marks (swarm.net.connections)
+            yield GaugeMetricFamily(
+                "swarm_node_connections_high",
+                "High water mark of connections (the cap)",
+                value=bounds["high"],
+            )
+            yield CounterMetricFamily(
+                "swarm_node_connections_trimmed",
+                "Connections closed to keep under the high water mark",
+                value=bounds["trims"],
+            )
         yield GaugeMetricFamily(
             "swarm_node_warnings",
             "Warnings in status (a library internal missing, an identity live elsewhere)",

@@ -122,6 +122,8 @@ async def test_every_role_answers_a_scrape_with_its_counters(tmp_path: Path) -> 
         assert value(worker, "swarm_node_shardcast_fetched_bytes_total") > 0
         assert value(worker, "swarm_node_shardcast_fetch_seconds_total") > 0
         assert value(worker, "swarm_node_engine_restarts_total") == 0
+        assert value(worker, "swarm_node_connections_high") == 48  # an inference node's default
+        assert value(worker, "swarm_node_connections_trimmed_total") == 0  # a small swarm
 
         validator = await trio.to_thread.run_sync(scrape, ports["validator"])
         for name in (

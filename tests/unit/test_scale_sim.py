@@ -141,3 +141,18 @@ def test_cli_without_a_run_to_calibrate_on_exits_2(tmp_path: Path) -> None:
     empty = tmp_path / "runs.json"
     empty.write_text(json.dumps({"runs": {}}))
     assert sim.main(["--runs", str(empty)]) == 2
+
+
+def test_the_held_out_check_fits_on_one_size_and_reports_only_the_others() -> None:
+    runs = {k: dict(v) for k, v in sim.SYNTHETIC_RUNS.items()}
+    runs["100"]["shards_p95_s"] = float("inf")  # a copy that never reached 95%: not compared
+    held = sim.heldout({"runs": runs}, seeds=1)
+    assert held["fit_on_n"] == 25 and held["held_out_n"] == [50, 100]
+    assert "25" not in held["check"] and held["check"]["100"]["shards_p95_error"] is None
+    errors = [
+        e
+        for c in held["check"].values()
+        for e in (c["announce_p95_error"], c["shards_p95_error"])
+        if e is not None
+    ]
+    assert held["sim_heldout_error"] == max(errors) and len(errors) == 3
