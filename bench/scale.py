@@ -1,7 +1,7 @@
 """Scale on one machine: N inference nodes, 2 bootstrap peers and a publisher on 127.0.0.1.
 
     .venv/bin/python bench/scale.py [--nodes 25,50,100] [--size-mib 64] [--shard-mib 32]
-        [--per-process 10] [--json PATH] [--dir DIR] [--quick]
+        [--per-process 10] [--json PATH] [--dir DIR] [--quick] [--announce-only]
 
 For each N: real node processes (``bench/scale_node.py``: ``Node`` + ``PolicyFeed``, no compute),
 ``--per-process`` nodes sharing one process and trio loop (``nodes_per_process`` in the JSON).
@@ -23,6 +23,10 @@ Once every node has found the publisher and the swarm has settled, it measures:
   ``origin_busy_refusals`` / ``origin_elsewhere_refusals`` (upload slots full / super-seeding),
   ``stream_shards`` / ``channel_shards`` (the path the receivers' shards took), ``fetch_retries``;
 - ``calibration`` for ``bench/scale_sim.py`` (when importable, its ``project`` runs on N = 100).
+
+``--announce-only``: the nodes follow no announcement (no copy moves), so the announcement's
+spread is measured without the copies' load (on 2 cores a 100-node copy saturates the machine
+while the announcement is still spreading).
 
 Every process is in a process group of its own, killed at the end; the temp dir is removed. The
 stores go to /dev/shm when it has room (``--dir`` otherwise): this measures the network and the
@@ -255,6 +259,9 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
     began = time.monotonic()
     try:
         spec, spec_path = write_spec(base, RunParams(shard_size=shard))
+        if args.announce_only:  # the nodes hear versions and copy none (scale_node.py)
+            spec["follow"] = False
+            spec_path.write_text(json.dumps(spec))
         for v in (1, 2):
             make_version(base / f"v{v}.safetensors", size)
         version_bytes = (base / "v2.safetensors").stat().st_size
@@ -294,8 +301,9 @@ async def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 published = (await pub.wait("published"))[0]
             t_ann = published["t_ann"]
             deadline = trio.current_time() + args.fetch_timeout
+            wanted = "announced" if args.announce_only else "fetched"
             while trio.current_time() < deadline:
-                done = sum(1 for g in groups for e in g.events.get("fetched", ()) if e["v"] == 2)
+                done = sum(1 for g in groups for e in g.events.get(wanted, ()) if e["v"] == 2)
                 if done >= n:
                     break
                 await trio.sleep(0.2)
@@ -413,6 +421,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--start-timeout", type=float, default=180.0)
     parser.add_argument("--fetch-timeout", type=float, default=90.0)
     parser.add_argument("--lookup-nodes", type=int, default=2)
+    parser.add_argument(
+        "--announce-only",
+        action="store_true",
+        help="the nodes hear the announcement and copy nothing (announce figures alone)",
+    )
     parser.add_argument("--dir", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)

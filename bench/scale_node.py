@@ -257,7 +257,8 @@ async def group(spec: dict[str, Any], first: int, count: int) -> None:
                         {"ev": "announced", "i": i, "v": s.message.version, "t": time.monotonic()}
                     )
                 )
-                inner.start_soon(follow, node, feed, i)
+                if spec.get("follow", True):  # bench/scale.py --announce-only: no copies
+                    inner.start_soon(follow, node, feed, i)
                 if os.environ.get("SCALE_TRACE"):
                     trace(feed, i)
                 nodes.append((node, feed))
