@@ -359,9 +359,9 @@ class Node:
                 await self._connect_found_peers()
 
     async def _connect_found_peers(self) -> None:
-        """Dial found run peers, trainers first, while we hold fewer than the low water mark
-        (and ``MAX_GOSSIP_PEERS``). A peer we had
-        dialed and lost (its side trimmed us, or it left) waits before we dial it again
+        """Dial found run peers, trainers first, while we hold fewer than the dial mark below
+        the low water mark (``ConnectionBounds.dial_below``; and ``MAX_GOSSIP_PEERS``). A peer
+        we had dialed and lost (its side trimmed us, or it left) waits before we dial it again
         (``LOST_BACKOFF``, ``LOST_PROTECTED_BACKOFF``: ``RedialBackoff``)."""
         connected = set(self.overlay.connected_peers())
         now = trio.current_time()
@@ -376,12 +376,12 @@ class Node:
         bounds = self.config.bounds
         by_role = self.membership.peers_by_role()
         for role in sorted(by_role, key=lambda r: r != "trainer"):
-            # Trainers first, yet only while we are under the low water mark like any peer:
+            # Trainers first, yet only while we are under the dial mark like any peer:
             # when every node dialed a trainer up to its own high mark, the trainer sat at its
             # cap, trimming and refused, and a holder could not copy a version from it in 60 s
             # (30 loopback nodes, marks 8/12); past a node's first connections the mesh
             # carries the trainer's announcements.
-            bound = min(MAX_GOSSIP_PEERS, bounds.low)
+            bound = min(MAX_GOSSIP_PEERS, bounds.dial_below)
             for peer in by_role[role]:
                 if len(connected) >= bound:
                     break

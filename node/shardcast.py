@@ -188,8 +188,8 @@ class ShardcastService:
     async def providers(self, version: int | None, *, records: bool = False) -> list[str]:
         """Peers that may hold ``version``: the trainers, every connected run peer (asking
         costs one small request each), and its provider records when those are fewer than
-        ``ENOUGH_PROVIDERS``, no trainer is known yet, we are at our low water mark, or
-        ``records`` (none of the others held it: ``_manifest_and_peers``).
+        ``ENOUGH_PROVIDERS``, no trainer is known yet, or ``records`` (none of the others held
+        it: ``_manifest_and_peers``).
 
         The DHT lookup is skipped for a node well connected in the run: right after an
         announcement the records name the trainer alone (holders advertise once complete),
@@ -211,12 +211,11 @@ class ShardcastService:
         boots = set(by_role.get("bootstrap", ())) | _bootstrap_ids(self.node)
         found += sorted(connected - run_peers - boots)
         trainer_known = bool(by_role.get("trainer") or trainers)
-        # Bounded connections: a node at its low water mark holds a sample of the run, which
-        # may hold nothing of this version (a 30-node test's newcomer: none of its peers did),
-        # so the records are asked too, and their holders are tried first (``_sample``).
-        bounded = len(connected) >= self.node.config.bounds.low
+        # ``records``: with bounded connections a node holds a sample of the run, which may
+        # hold nothing of this version (a 30-node test's newcomer: none of its peers did);
+        # then the records are asked, and their holders tried first (``_sample``).
         few = len(set(found)) < ENOUGH_PROVIDERS or not trainer_known
-        if version is not None and (few or bounded or records):
+        if version is not None and (few or records):
             try:
                 holders = await self.node.overlay.records.find_providers(
                     version_provider_key(self.run_id, version)

@@ -62,6 +62,15 @@ class ConnectionBounds:
         reachable, a newcomer fetching what we hold) between two trims."""
         return max(self.low, self.high - max(1, (self.high - self.low) // 2))
 
+    @property
+    def dial_below(self) -> int:
+        """A node dials peers it found only while it holds fewer than this, below ``low`` by
+        the same gap as the trim mark above it: a node between the two neither dials nor
+        trims. Dialing up to ``low`` itself, with inbound dials on top, pushed nodes over the
+        trim mark, and each peer trimmed dialed another (1,267 trims among 30 nodes with marks
+        8 and 12, tests/integration/test_connection_bounds.py)."""
+        return max(1, self.low - (self.trim_at - self.low))
+
     def __post_init__(self) -> None:
         if not 1 <= self.low <= self.high:
             raise ConfigError(

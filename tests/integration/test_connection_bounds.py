@@ -34,11 +34,13 @@ def counts(nodes: list[Node]) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_share(
     tmp_path: Path,
 ) -> None:
-    async with NetFactory(discover_every_s=1.0) as net:
+    # The product's 1 s heartbeat (the factory's 0.2 s is for small swarms): 30 nodes share
+    # this one loop. 160-245 s alone here, 338 s beside the suite's other worker.
+    async with NetFactory(heartbeat=1.0, discover_every_s=1.0) as net:
         await net.bootstrap()
         trainer = await net.node("trainer", connections=BOUNDS)
         workers = [await net.node("inference", connections=BOUNDS) for _ in range(N - 1)]

@@ -188,6 +188,13 @@ def test_trimming_starts_below_the_cap_leaving_room_for_inbound_connections() ->
     assert ConnectionBounds(low=5, high=5).trim_at == 5  # no gap to keep
 
 
+def test_dialing_stops_below_the_low_mark_by_the_gap_trimming_starts_above_it() -> None:
+    assert ConnectionBounds(low=32, high=48).dial_below == 24
+    assert ConnectionBounds(low=8, high=12).dial_below == 6
+    assert ConnectionBounds(low=5, high=5).dial_below == 5
+    assert ConnectionBounds(low=1, high=40).dial_below == 1
+
+
 async def test_one_connection_past_the_trim_mark_wakes_the_trimmer_at_once() -> None:
     t, network, _clock = trimmer({p: gossip_only() for p in PEERS[:5]})  # trim mark 5
     t.bounds = ConnectionBounds(low=4, high=6, grace_s=0.0)
