@@ -253,17 +253,17 @@ def join(
         int | None,
         typer.Option(
             "--conn-low",
-            help="Connections dialed to (and trimmed down to); config.toml [node] conn_low,"
-            " default 32 (trainers and validators 128).",
+            help="Connections trimmed down to (others are dialed while well under it);"
+            " config.toml [node] conn_low, default 32 (trainers and validators 128).",
         ),
     ] = None,
     conn_high: Annotated[
         int | None,
         typer.Option(
             "--conn-high",
-            help="Past this many connections the least useful are trimmed (never the run's"
-            " trainers, validators, bootstrap peers or our relays); [node] conn_high, default 48"
-            " (trainers and validators 192).",
+            help="The most connections (more are refused; from halfway to it the least useful"
+            " are trimmed, never the run's trainers, validators, bootstrap peers or our relays);"
+            " [node] conn_high, default 48 (trainers and validators 192).",
         ),
     ] = None,
     home: HomeOption = None,

@@ -342,9 +342,9 @@ class Node:
         every ``KEEP_CONNECTED_S``: redial the bootstrap peers while connected to none of them
         (a partition healed, a bootstrap peer restarted), then (``connect_found_peers``)
         connect to the run's peers found in the DHT, so the gossip mesh does not depend on
-        the bootstrap peers alone (bounded: up to the low water mark of ``connections``, and
-        ``MAX_GOSSIP_PEERS``; ``self.connections`` trims what others' dials add past the high
-        water mark). Trainers come first: a trainer floods its announcements to every
+        the bootstrap peers alone (bounded: below the dial mark of ``connections``, and
+        ``MAX_GOSSIP_PEERS``; ``self.connections`` trims what others' dials add past its trim
+        mark). Trainers come first: a trainer floods its announcements to every
         subscriber it is connected to (``SwarmGossipSub``), so a node connected to it hears a
         new version in one hop (bench/scale.py); past the trainer's own bounds, the mesh
         carries them."""

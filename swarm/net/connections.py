@@ -110,7 +110,8 @@ class TrimStats:
 
 
 class ConnectionTrimmer:
-    """Checks a host's connections and trims them to ``bounds.low`` when over ``bounds.high``.
+    """Checks a host's connections and trims them to ``bounds.low`` when over
+    ``bounds.trim_at``.
 
     ``protected()`` names the peers never trimmed; ``mesh()`` the peers in our gossip mesh
     (kept before the others); both are read at each check."""
@@ -153,7 +154,7 @@ class ConnectionTrimmer:
         last = self._last_stream.get(peer)
         return self.busy(peer) or (last is not None and self.clock() - last < self.bounds.in_use_s)
 
-    def note_stream(self, peer: str, protocol: str = "") -> None:
+    def note_stream(self, peer: str, protocol: str) -> None:
         if not protocol.startswith(IDLE_PROTOCOLS):
             self._last_stream[peer] = self.clock()
 

@@ -114,6 +114,15 @@ SLOW_HANDSHAKE = "in the libp2p handshake"
 """How ``dial_once``'s reason ends when TCP connected but the libp2p handshake timed out."""
 
 
+def unblock(host: Any, peer_id: Any) -> None:
+    """Let the next dial to ``peer_id`` (a py-libp2p ``ID``) happen: py-libp2p keeps a peer
+    whose addresses all failed in a negative cache for 60 s (a peer that was down, or refused
+    us at its connection cap, included)."""
+    network = host.get_network()
+    if hasattr(network, "unblock_peer"):
+        network.unblock_peer(peer_id)
+
+
 async def dial_once(host: Any, addr: str, timeout: float) -> str | None:
     """One attempt at ``addr``: ``None`` when connected, else a short reason."""
     info = parse_peer_addr(addr)
@@ -122,9 +131,7 @@ async def dial_once(host: Any, addr: str, timeout: float) -> str | None:
         why = await _probe_tcp(target, timeout)
         if why is not None:
             return why
-    network = host.get_network()
-    if hasattr(network, "unblock_peer"):
-        network.unblock_peer(info.peer_id)  # our backoff decides when to retry, not its cache
+    unblock(host, info.peer_id)  # our backoff decides when to retry, not its cache
     # py-libp2p dials one address per transport class (``Swarm.dial_peer``: TCP's first in the
     # peerstore), so an address kept from a peer's previous life shadowed ``addr``: a node
     # restarted on a new port was dialed at its old one, "connection refused", and every

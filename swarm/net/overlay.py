@@ -48,7 +48,7 @@ from swarm import internals
 from swarm.errors import NetworkError, SwarmError
 from swarm.identity import NodeKey
 from swarm.net.dht_records import DhtRecords
-from swarm.net.dial import DialPolicy, DialReport, dial_bootstrap, dial_once
+from swarm.net.dial import DialPolicy, DialReport, dial_bootstrap, dial_once, unblock
 from swarm.net.gossipsub import SwarmGossipSub
 from swarm.net.host import (
     HostLimits,
@@ -264,7 +264,7 @@ class Overlay:
             network = self.host.get_network()
             peer = check_peer_id(peer_id)
             await network.close_peer(peer)
-            network.unblock_peer(peer)
+            unblock(self.host, peer)
 
     # -- housekeeping -------------------------------------------------------------------------
 
@@ -394,12 +394,8 @@ class Overlay:
         return ok
 
     def unblock(self, peer_id: str) -> None:
-        """Let the next dial to ``peer_id`` happen: py-libp2p keeps a peer whose addresses all
-        failed in a negative cache for a while (a peer that refused us at its connection cap
-        included)."""
-        network = self.host.get_network()
-        if hasattr(network, "unblock_peer"):
-            network.unblock_peer(ID.from_base58(peer_id))
+        """Let the next dial to ``peer_id`` happen (``swarm.net.dial.unblock``)."""
+        unblock(self.host, ID.from_base58(peer_id))
 
     def connected(self, peer_id: str) -> bool:
         try:
