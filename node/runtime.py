@@ -35,6 +35,7 @@ from swarm.errors import ConfigError, NotAuthorizedError, SwarmError
 from swarm.identity import NodeKey
 from swarm.messages import PolicyAnnouncement, Role, RunGenesis, Signed, decode_any, run_id_of, sign
 from swarm.net import (
+    ENOUGH_PEERS,
     KEEP_CONNECTED_S,
     DialPolicy,
     DirectPath,
@@ -160,6 +161,9 @@ class Node:
                 software=SOFTWARE,
                 advert_ttl_s=config.advert_ttl_s,
                 discover_every_s=config.discover_every_s,
+                # Past its low water mark a node dials no more peers: knowing more of a role
+                # than that is no reason to look for them fast.
+                enough_peers=min(ENOUGH_PEERS, config.bounds.low),
                 capabilities=config.capabilities,
             ),
             issued_before=() if config.home is None else config.home.adverts_issued(self.run_id),

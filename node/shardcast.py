@@ -14,6 +14,7 @@ import random
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -277,6 +278,11 @@ class ShardcastService:
         )
         return manifest, peers
 
+    async def _record_holders(self, version: int) -> list[str]:
+        """The peers the version's provider records name (asked when few of ours hold it:
+        ``swarm.shardcast.fetch.MIN_SOURCES``)."""
+        return await self.providers(version, records=True)
+
     async def fetch(
         self,
         version: int | None = None,
@@ -316,6 +322,7 @@ class ShardcastService:
                 if on_progress is not None:
                     on_progress(p)
 
+            more_peers = None if only else partial(self._record_holders, manifest.message.version)
             result = await fetch_version(
                 self.store,
                 manifest,
@@ -325,6 +332,7 @@ class ShardcastService:
                 on_progress=progress,
                 rng=random.Random(),
                 origins=self.genesis.message.trainers,
+                more_peers=more_peers,
             )
         finally:
             source.close()

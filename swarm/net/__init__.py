@@ -39,7 +39,7 @@ from swarm.net.host import (
     peer_ids,
     peer_of,
 )
-from swarm.net.membership import Membership, MembershipConfig, authorize
+from swarm.net.membership import ENOUGH_PEERS, Membership, MembershipConfig, authorize
 from swarm.net.names import (
     advert_key,
     ledger_topic,
@@ -54,6 +54,7 @@ from swarm.net.records import RoleAdvertValidator, check_advert
 from swarm.net.streams import StreamLimits, StreamServer, request, serve
 
 __all__ = [
+    "ENOUGH_PEERS",
     "KEEP_CONNECTED_S",
     "LEDGER_MAX_BYTES",
     "POLICY_MAX_BYTES",

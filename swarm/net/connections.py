@@ -31,6 +31,7 @@ from libp2p.abc import INotifee
 from libp2p.peer.id import ID
 
 from swarm.errors import ConfigError
+from swarm.net.host import set_make_room
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,7 @@ class ConnectionTrimmer:
         network = host.get_network()
         if hasattr(network, "register_notifee"):
             network.register_notifee(_StreamNotifee(self))
+        set_make_room(host, self.make_room)  # our dials at the cap (swarm.net.host._CapDials)
 
     def count(self) -> int:
         return len(self.host.get_connected_peers())
@@ -215,11 +217,16 @@ class ConnectionTrimmer:
         return True
 
     async def _close(self, peers: list[str]) -> None:
-        for peer in peers:
+        async def close(peer: str) -> None:
             try:
                 await self.host.get_network().close_peer(ID.from_base58(peer))
             except Exception as exc:  # a connection that closed under us is trimmed too
                 log.debug("closing the connection to %s: %s", peer[-8:], exc)
+
+        # Together: py-libp2p's yamux close sleeps 0.1 s after its GO_AWAY.
+        async with trio.open_nursery() as nursery:
+            for peer in peers:
+                nursery.start_soon(close, peer)
         if peers:
             self.stats.trims += len(peers)
             self.stats.last_trim_at = time.time()

@@ -7,7 +7,7 @@ wrong comes back as ``ConfigError`` before any socket is opened.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,9 +157,59 @@ def build_host(
     connector = getattr(network, "auto_connector", None)
     if connector is not None:
         connector.maybe_connect = _no_auto_connect
+    if connection_cap is not None:
+        _CapDials(network, connection_cap).install()
     basic: Any = host  # a BasicHost: its negotiation, guarded (below)
     basic.multiselect = _GuardedMultiselect(dict(basic.multiselect.handlers))
     return host
+
+
+MakeRoom = Callable[[], Awaitable[bool]]
+
+
+class _CapDials:
+    """Our dials at our own connection cap. py-libp2p 0.8.1 refuses an outbound dial when the
+    host holds ``max_connections`` (``Swarm._dial_addr_single_attempt``), counts that as the
+    remote peer failing every address, and keeps the peer in its negative dial cache for
+    60 s: a node that joined 30 loopback nodes with a cap of 12 filled its cap with its
+    first DHT walk's connections and had 19 healthy peers blocked two seconds later, so its
+    lookups failed for a minute (tests/integration/test_connection_bounds.py timed out
+    waiting for it to find the trainer). Here a dial to a peer we are not connected to at
+    the cap first makes room (``set_make_room``: the connection trimmer closes its least
+    useful connection), and a dial that failed while we were at the cap leaves the peer out
+    of the negative cache: the refusal was ours."""
+
+    def __init__(self, network: Any, cap: int) -> None:
+        self.network = network
+        self.cap = cap
+        self.make_room: MakeRoom | None = None
+        self._dial_peer = network.dial_peer
+
+    def install(self) -> None:
+        self.network.dial_peer = self.dial_peer
+
+    def full(self) -> bool:
+        return len(self.network.get_connections()) >= self.cap
+
+    async def dial_peer(self, peer_id: Any) -> Any:
+        if self.make_room is not None and self.full() and not self.network.get_connections(peer_id):
+            await self.make_room()
+        try:
+            return await self._dial_peer(peer_id)
+        except Exception:
+            if self.full():
+                unblock_peer = getattr(self.network, "unblock_peer", None)
+                if unblock_peer is not None:
+                    unblock_peer(peer_id)
+            raise
+
+
+def set_make_room(host: Any, make_room: MakeRoom | None) -> None:
+    """What a host built with a ``connection_cap`` calls before it dials a new peer at its cap
+    (``_CapDials``); ``None`` when its owner stops."""
+    guard = getattr(getattr(host.get_network(), "dial_peer", None), "__self__", None)
+    if isinstance(guard, _CapDials):
+        guard.make_room = make_room
 
 
 class _GuardedMultiselect(Multiselect):

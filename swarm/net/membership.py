@@ -6,9 +6,11 @@ third of its lifetime, and again whenever our DHT routing table has doubled sinc
 published: records stored while the network was small sit at the peers that were closest then,
 and a lookup asks only the peers closest now (``_grown``; without it, on 25 loopback nodes,
 some never found a trainer that joined before them: docs/BENCHMARKS.md, Scale). Discovery
-runs every ``discover_every_s`` (3 s) and backs off to 8x while nothing new turns up (32x once
-every genesis trainer and validator is known); one more peer of a role we know
-``ENOUGH_PEERS`` of does not bring the base pace back (``hurry``).
+runs every ``discover_every_s`` (3 s), each role on its own pace: a role's lookups back off to
+8x while nothing new of it turns up, and to 32x once it is settled (every trainer, or every
+validator, the genesis names known with a fresh advert; ``enough_peers`` of an open role).
+One more peer of a role we know ``enough_peers`` of does not bring the base pace back
+(``hurry``).
 Lookups go the other way: providers of a role's key, then each provider's advert, checked
 again here (signed by the peer it describes, unexpired, the role it was found under, and for
 trainers and validators named by the genesis), because provider records are unsigned and
@@ -41,6 +43,9 @@ class MembershipConfig:
     software: str = "swarm-node"
     advert_ttl_s: float = 600.0
     discover_every_s: float = 3.0
+    enough_peers: int = 32
+    """Peers of one role past which discovery slows down (``ENOUGH_PEERS``; a node with
+    bounded connections needs no more than its low water mark: ``node.runtime``)."""
     capabilities: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -169,12 +174,12 @@ class Membership:
             return False
         return True
 
-    async def discover(self) -> dict[str, list[str]]:
-        """Look every role up once; returns ``peers_by_role()``.
+    async def discover(self, roles: Collection[Role] = RUN_ROLES) -> dict[str, list[str]]:
+        """Look ``roles`` up once (every role unless told); returns ``peers_by_role()``.
 
         A provider we are connected to is asked for its advert directly (one request). One we
         are not connected to costs a DHT walk (about 40 requests), so it is skipped when we
-        already know ``ENOUGH_PEERS`` of its role. Either way, a provider whose lookup found
+        already know ``enough_peers`` of its role. Either way, a provider whose lookup found
         nothing less than ``MISS_RETRY_S`` ago is skipped. At N = 100, walks for the same
         unconnected providers, round after round, were most of an idle swarm's DHT traffic
         (1,675 of 2,782 DHT streams in 20 s, ``bench/idle.py --nodes 100``); on a saturated box
@@ -185,8 +190,8 @@ class Membership:
         found."""
         now = trio.current_time()
         self._missed = {p: t for p, t in self._missed.items() if now - t < MISS_RETRY_S}
-        for role in RUN_ROLES:
-            enough = self._role_counts()[role] >= ENOUGH_PEERS
+        for role in roles:
+            enough = self._role_counts()[role] >= self.config.enough_peers
             for peer in await self.overlay.records.find_providers(
                 role_provider_key(self.run_id, role)
             ):
@@ -299,10 +304,12 @@ class Membership:
         """Publish now and keep advert, provider record and peer list fresh until cancelled."""
         refresh_every = self.config.advert_ttl_s / 3
         next_refresh = trio.current_time() + (refresh_every if self.mine else 0.0)
-        quiet = 0
+        base = self.config.discover_every_s
+        quiet: dict[Role, int] = dict.fromkeys(RUN_ROLES, 0)
+        next_lookup: dict[Role, float] = dict.fromkeys(RUN_ROLES, trio.current_time())
         while True:
-            due = trio.current_time() >= next_refresh or (self.mine is not None and self._grown())
-            if due and not self.withdrawn:
+            stale = trio.current_time() >= next_refresh or (self.mine is not None and self._grown())
+            if stale and not self.withdrawn:
                 try:
                     await self.publish()
                     next_refresh = trio.current_time() + refresh_every
@@ -310,33 +317,51 @@ class Membership:
                     log.warning("refreshing our RoleAdvert failed (%s); retrying soon", exc)
                     next_refresh = trio.current_time() + min(5.0, refresh_every)
                 await self.check_duplicate()
+            due = [r for r in RUN_ROLES if next_lookup[r] <= trio.current_time()]
             before = self._role_counts()
-            await self.discover()
-            # Back off while nothing new turns up (3 s, 6 s, ... up to 8x): every node's
-            # discovery asks the DHT for 3 roles, and with all 100 nodes of a swarm asking
-            # every 3 s the bootstrap peers, which hold the records early on, stopped answering
-            # (docs/BENCHMARKS.md, Scale). Something new found starts again at the base pace,
-            # unless it is one more of a role we know ``ENOUGH_PEERS`` of (``hurry``).
-            # While we are connected to every genesis trainer and validator (each with a fresh
-            # advert), the pace backs off further (to 32x, 96 s): what is left to find is more
-            # peers of the open roles, which bounded connections need few of, and each round
-            # costs 12 DHT requests, a quarter of an idle node's loop time (bench/idle.py
-            # --profile, N = 25). One of them lost (a trainer killed) ends that wait within
-            # ``discover_every_s`` and the pace is back to at most 8x.
-            most = QUIET_SETTLED if self.settled() else QUIET_SEARCHING
-            quiet = 0 if hurry(before, self._role_counts()) else min(quiet + 1, most)
-            deadline = trio.current_time() + self.config.discover_every_s * 2**quiet
-            while (left := deadline - trio.current_time()) > 0:
-                await trio.sleep(min(left, self.config.discover_every_s))
-                if quiet > QUIET_SEARCHING and not self.settled():
-                    quiet = QUIET_SEARCHING
-                    break
+            await self.discover(due)
+            # Each role backs off while nothing new of it turns up (3 s, 6 s, ... up to 8x):
+            # every node's discovery asks the DHT for 3 roles, and with all 100 nodes of a
+            # swarm asking every 3 s the bootstrap peers, which hold the records early on,
+            # stopped answering (docs/BENCHMARKS.md, Scale). Something new found starts the
+            # role again at the base pace, unless it is one more of a role we know
+            # ``enough_peers`` of (``hurry``). A settled role backs off further (to 32x,
+            # 96 s): what is left to find is more peers than we use. Each role on its own
+            # pace: a genesis validator that never came (or 29 joining workers) kept all three
+            # lookups at the fast pace, 12 DHT requests a round, most of an idle node's loop
+            # (bench/idle.py --profile, N = 25), and the connections those requests opened were
+            # most of the trims of 30 nodes with marks of 8 and 12
+            # (tests/integration/test_connection_bounds.py).
+            after = self._role_counts()
+            for role in due:
+                most = QUIET_SETTLED if self.settled(role) else QUIET_SEARCHING
+                gained = hurry({role: before[role]}, {role: after[role]}, self.config.enough_peers)
+                quiet[role] = 0 if gained else min(quiet[role] + 1, most)
+                next_lookup[role] = trio.current_time() + base * 2 ** quiet[role]
+            # Sleep to the next role due, a base step at a time: a role that stops being
+            # settled (a trainer's advert past half its life, say) is searched again at once.
+            while (left := min(next_lookup.values()) - trio.current_time()) > 0:
+                await trio.sleep(min(left, base))
+                for role in RUN_ROLES:
+                    if quiet[role] > QUIET_SEARCHING and not self.settled(role):
+                        quiet[role] = QUIET_SEARCHING
+                        next_lookup[role] = trio.current_time()
 
-    def settled(self) -> bool:
-        """Connected to every trainer and validator the genesis names, each with a fresh
-        advert here: nothing discovery must find soon."""
-        servers = (self.trainers | self.validators) - {self.key.peer_id}
-        return all(self._fresh(p) and self.overlay.connected(p) for p in servers)
+    def settled(self, role: Role) -> bool:
+        """Nothing discovery must find soon for ``role``: every peer the genesis names for it
+        (trainers, validators) is known with an advert less than half its life old, or for
+        an open role, ``enough_peers`` are known.
+
+        Connections do not count: a trainer with bounded connections trims most of a large
+        swarm, and discovery would find nothing new of a peer whose advert is fresh (it is
+        skipped) whether we are connected to it or not."""
+        if role == "trainer":
+            servers: frozenset[str] = self.trainers
+        elif role == "validator":
+            servers = self.validators
+        else:
+            return self._role_counts()[role] >= self.config.enough_peers
+        return all(self._fresh(p) for p in servers - {self.key.peer_id})
 
     def _role_counts(self) -> dict[str, int]:
         counts: dict[str, int] = dict.fromkeys(RUN_ROLES, 0)
@@ -346,8 +371,9 @@ class Membership:
 
 
 QUIET_SEARCHING = 3
-"""Discovery backs off to ``discover_every_s * 2**QUIET_SEARCHING`` (8x) while a genesis trainer
-or validator is still unknown, and to ``2**QUIET_SETTLED`` (32x) once all of them are known."""
+"""A role's lookups back off to ``discover_every_s * 2**QUIET_SEARCHING`` (8x) while it is not
+settled (a genesis trainer or validator still unknown), and to ``2**QUIET_SETTLED`` (32x) once
+it is (``Membership.settled``)."""
 QUIET_SETTLED = 5
 ENOUGH_PEERS = 32
 """Peers of one role past which finding one more does not quicken discovery: what a node
@@ -363,7 +389,7 @@ MISS_RETRY_S = 60.0
 (sooner once we are connected to it: then it is asked directly)."""
 
 
-def hurry(before: Mapping[str, int], after: Mapping[str, int]) -> bool:
+def hurry(before: Mapping[str, int], after: Mapping[str, int], enough: int = ENOUGH_PEERS) -> bool:
     """Discover again at the base pace: a role gained a peer while we knew fewer than
-    ``ENOUGH_PEERS`` of it (a new trainer or validator always counts: there are few)."""
-    return any(after.get(role, 0) > n and n < ENOUGH_PEERS for role, n in before.items())
+    ``enough`` of it (a new trainer or validator always counts: there are few)."""
+    return any(after.get(role, 0) > n and n < enough for role, n in before.items())

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +69,10 @@ __all__ = [  # the manifest checks and the source types are re-exported for exis
 ]
 
 _SCAN = 64
+MIN_SOURCES = 2
+"""Fewer peers than this holding any of a version, once each has answered, and the fetch asks
+for more (``more_peers``)."""
+MorePeers = Callable[[], Awaitable[Sequence[str]]]
 ELSEWHERE_DEFER = 2.5
 """Seconds (to twice that) a shard the origin refused to super-seed is not asked of it again."""
 """How many pending shards ``_next`` weighs per pick (bounds the cost for huge versions)."""
@@ -152,8 +156,10 @@ class _Fetch:
         rng: random.Random,
         on_progress: ProgressCallback | None,
         origins: Sequence[str] = (),
+        more_peers: MorePeers | None = None,
     ) -> None:
         self.vf = vf
+        self.more_peers = more_peers
         self.m = vf.manifest
         self.source = source
         self.config = config
@@ -233,6 +239,28 @@ class _Fetch:
         async with trio.open_nursery() as nursery:
             for peer in self.board.usable():
                 nursery.start_soon(self._watch, peer)
+            nursery.start_soon(self._recruit, nursery)
+
+    async def _recruit(self, nursery: trio.Nursery) -> None:
+        """Once every peer has said what it holds (or ``have_wait`` passed), and fewer than
+        ``MIN_SOURCES`` of them hold any of the version, ask ``more_peers`` once and watch
+        the new ones too. A node with bounded connections holds a sample of the run, which
+        may hold the version at one peer (the trainer): a newcomer of 30 loopback nodes with
+        marks of 8 and 12 took all 31 shards from one peer while 4 others held them
+        (tests/integration/test_connection_bounds.py)."""
+        if self.more_peers is None:
+            return
+        with trio.move_on_after(self.config.have_wait):
+            while any(p not in self.holdings for p in self.board.usable()):
+                await self.changed.wait()
+        holders = [p for p, bits in self.holdings.items() if bits is None or any(bits)]
+        if len(holders) >= MIN_SOURCES:
+            return
+        for peer in await self.more_peers():
+            if peer not in self.board.stats:
+                self.board.add([peer])
+                nursery.start_soon(self._watch, peer)
+        self._notify()
 
     def _failed(self, peer: str, reason: str, *, fatal: bool = False) -> bool:
         return self.board.record_failure(peer, reason, fatal=fatal, now=trio.current_time())
@@ -451,9 +479,12 @@ async def fetch_version(
     on_progress: ProgressCallback | None = None,
     rng: random.Random | None = None,
     origins: Sequence[str] = (),
+    more_peers: MorePeers | None = None,
 ) -> FetchResult:
     """Fetch ``manifest``'s version into ``store`` from ``peers``; resumes what is on disk.
     ``origins``: the peers that published it (trainers), asked last for shards others hold.
+    ``more_peers``: asked once for other providers when fewer than ``MIN_SOURCES`` of
+    ``peers`` hold any of it.
 
     Returns when every shard is verified, fsynced and the version is marked complete (the
     caller then advertises it and serves it). Raises ``StorageError`` (no room, disk full),
@@ -464,7 +495,9 @@ async def fetch_version(
     with store.open(manifest) as vf:
         if not vf.complete:
             vf.preallocate()
-        job = _Fetch(vf, source, peers, config, rng or random.Random(), on_progress, origins)
+        job = _Fetch(
+            vf, source, peers, config, rng or random.Random(), on_progress, origins, more_peers
+        )
         if not vf.complete:
             await job.run()
             await trio.to_thread.run_sync(vf.mark_complete)

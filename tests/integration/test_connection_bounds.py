@@ -1,5 +1,5 @@
-"""Bounded connections on a real swarm: 30 nodes on 127.0.0.1 (a trainer and 29 workers, one
-bootstrap peer) with low and high water marks of 8 and 12. Every node dials past the low mark
+"""Bounded connections on a real swarm: 30 nodes on 127.0.0.1 (a trainer, a validator and
+28 workers, one bootstrap peer) with low and high water marks of 8 and 12. Every node dials past the low mark
 only to reach the trainer and trims what others' dials add past the high one; once formed,
 every node stays at or under 12 through an announcement that reaches all of them, no node
 trims a peer it protects, and a node that joins then still fetches a version from several
@@ -40,12 +40,21 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
 ) -> None:
     # The product's 1 s heartbeat (the factory's 0.2 s is for small swarms): 30 nodes share
     # this one loop. 160-245 s alone here, 338 s beside the suite's other worker.
+    started = trio.current_time()
+
+    def phase(name: str) -> None:
+        # Printed as it happens: a failure's captured output says how far the test got.
+        print(f"{trio.current_time() - started:6.1f} s  {name}", flush=True)
+
     async with NetFactory(heartbeat=1.0, discover_every_s=1.0) as net:
         await net.bootstrap()
         trainer = await net.node("trainer", connections=BOUNDS)
-        workers = [await net.node("inference", connections=BOUNDS) for _ in range(N - 1)]
-        nodes = [trainer, *workers]
+        validator = await net.node("validator", connections=BOUNDS)
+        workers = [await net.node("inference", connections=BOUNDS) for _ in range(N - 2)]
+        nodes = [trainer, validator, *workers]
+        phase(f"{N} nodes started")
         await wait_until(lambda: all(n.peers_by_role().get("trainer") for n in workers), 120)
+        phase("every worker knows the trainer")
 
         # Formed: the trainer (dialed by everyone) and the popular workers trimmed, and every
         # node is at or under the high water mark.
@@ -55,6 +64,7 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
             )
 
         await wait_until(formed, 120, poll=0.5)
+        phase(f"formed: at most {max(counts(nodes))} connections a node")
         formed_at = [n.connections.stats.trims for n in nodes]
 
         # An announcement reaches every node (mesh and flood publishing) while the counts are
@@ -70,6 +80,7 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
             nursery.start_soon(sample)
             await trainer.announce_policy(1, b"\x01" * 32)
             await wait_until(lambda: all(n.policy.version == 1 for n in nodes), 60)
+            phase("every node heard the announcement")
             await trio.sleep(0)  # at least one sample after the last node heard it
             peaks.append(max(counts(nodes)))
             nursery.cancel_scope.cancel()
@@ -112,9 +123,11 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
                             break
                         except PeerError:
                             await trio.sleep(1.0)
+            phase(f"{HOLDERS} workers hold the version")
             await wait_until(lambda: fresh.peers_by_role().get("trainer"), 60)
             newcomer = await services.start(_serve, fresh, net, stores[N])
             got = await newcomer.fetch(2)
+            phase("the newcomer fetched it")
             sources = [p for p in got.progress.peers() if int(p["shards"]) > 0]  # type: ignore[call-overload]
             assert len(sources) >= 2, [
                 (p["peer"][-8:], p["shards"], p["failures"], p["last_error"])  # type: ignore[index]

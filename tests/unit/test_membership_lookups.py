@@ -148,15 +148,28 @@ def test_a_trainer_whose_advert_was_not_found_is_looked_up_every_round() -> None
     trio.run(rounds)
 
 
-def test_discovery_slows_to_32x_while_connected_to_every_trainer_and_not_once_one_is_lost() -> None:
-    trainer = NodeKey.generate()
-    overlay = FakeOverlay([], {trainer.peer_id}, {}, trainers=[trainer.peer_id])
-    m = membership(overlay)
+def test_each_role_slows_on_its_own_pace_and_a_settled_one_to_32x() -> None:
+    """The trainer known with a fresh advert: its role settles at 32x (connected or not: a
+    trainer with bounded connections trims most of a swarm). The genesis validator never
+    came: its role stays at 8x, without holding the other roles at that pace. Once the
+    trainer's advert is past half its life, its role is searched again within a base step."""
+    trainer, validator = NodeKey.generate(), NodeKey.generate()
+    overlay = FakeOverlay([], set(), {}, trainers=[trainer.peer_id])
+    me = NodeKey.generate()
+    m = Membership(
+        overlay,  # type: ignore[arg-type]
+        me,
+        RUN,
+        "inference",
+        trainers=[trainer.peer_id],
+        validators=[validator.peer_id],
+    )
     m._peers = {trainer.peer_id: advert(trainer, "trainer")}
-    rounds: list[float] = []
+    rounds: dict[str, list[float]] = {"trainer": [], "validator": [], "inference": []}
 
-    async def discover() -> dict[str, list[str]]:
-        rounds.append(trio.current_time())
+    async def discover(roles: Any) -> dict[str, list[str]]:
+        for role in roles:
+            rounds[role].append(trio.current_time())
         return {}
 
     async def nothing() -> None:
@@ -167,18 +180,34 @@ def test_discovery_slows_to_32x_while_connected_to_every_trainer_and_not_once_on
     m.check_duplicate = nothing  # type: ignore[assignment, method-assign]
     base = m.config.discover_every_s
 
+    def gaps(role: str, after: float = -1.0) -> list[float]:
+        times = [t for t in rounds[role] if t > after]
+        return [b - a for a, b in itertools.pairwise(times)]
+
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(m.run)
             await trio.sleep(1000.0)
-            overlay.connected_to.clear()  # the trainer is gone (killed, say)
-            lost_at = trio.current_time()
-            await trio.sleep(30.0)
+            assert max(gaps("trainer")) == base * 2**5  # settled: 96 s between two rounds
+            assert max(gaps("validator")) == base * 2**3  # never found: 24 s
+            assert max(gaps("inference")) == base * 2**3  # fewer than enough_peers known
+            stale_at = trio.current_time()
+            overlay.config.clock = lambda: NOW_MS + 3_600_000 // 2 + 1  # half its life gone
+            await trio.sleep(60.0)
             nursery.cancel_scope.cancel()
-            gaps = [b - a for a, b in itertools.pairwise(rounds)]
-            assert max(gaps) == base * 2**5  # settled: 96 s between two rounds
-            after = [t for t in rounds if t > lost_at]
-            assert after and after[0] - lost_at <= base  # lost: a round within 3 s
-            assert all(b - a <= base * 2**3 for a, b in itertools.pairwise(after))
+            after = [t for t in rounds["trainer"] if t > stale_at]
+            assert after and after[0] - stale_at <= base  # searched again within 3 s
+            assert all(g <= base * 2**3 for g in gaps("trainer", stale_at))
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_node_with_a_low_mark_of_8_stops_hurrying_at_8_peers() -> None:
+    keys = [NodeKey.generate() for _ in range(10)]
+    overlay = FakeOverlay([k.peer_id for k in keys], set(), {k.peer_id: advert(k) for k in keys})
+    m = membership(overlay)
+    m.config.enough_peers = 8
+    m._peers = {k.peer_id: advert(k) for k in keys[:8]}
+    trio.run(m.discover)
+    assert overlay.asked == []  # 8 known: the unconnected providers cost a walk each
+    assert m.settled("inference")

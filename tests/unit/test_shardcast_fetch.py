@@ -214,3 +214,44 @@ async def test_shards_that_a_peer_holds_come_from_the_peer_not_the_origin(
     total = len(c.signed.message.shard_hashes)
     # peers had free slots for the rest; with the origin weighed as any peer it serves ~1/4
     assert stats(result, "origin").shards <= total // 6
+
+
+async def test_a_fetch_with_one_holder_among_its_peers_asks_for_more_and_uses_them(
+    tmp_path: Path,
+) -> None:
+    """Bounded connections: of the receiver's peers only one holds the version (the others
+    hold none of it); the fetch asks ``more_peers`` once and pulls from the holders it names
+    as well."""
+    c = setup(
+        tmp_path, {"holder": "ok", "empty1": "ok", "empty2": "ok", "far1": "ok", "far2": "ok"}
+    )
+    for name in ("empty1", "empty2"):
+        c.source.peers[name].held = set()
+    asked: list[int] = []
+
+    async def more_peers() -> list[str]:
+        asked.append(1)
+        return ["holder", "far1", "far2"]
+
+    result = await fetch_version(
+        c.receiver,
+        c.signed,
+        c.source,
+        ["holder", "empty1", "empty2"],
+        config=FAST,
+        rng=random.Random(0),
+        more_peers=more_peers,
+    )
+    assert result.path.read_bytes() == c.data
+    assert asked == [1]
+    assert {"far1", "far2"} & {peer for peer, _ in c.source.pulls}
+
+
+async def test_a_fetch_whose_peers_hold_the_version_asks_for_no_more(tmp_path: Path) -> None:
+    c = setup(tmp_path, {"a": "ok", "b": "ok"})
+
+    async def more_peers() -> list[str]:
+        raise AssertionError("asked for more peers with two holders")
+
+    result = await c.fetch(more_peers=more_peers)
+    assert result.path.read_bytes() == c.data

@@ -1,0 +1,83 @@
+"""Our own dials at our connection cap (``swarm.net.host._CapDials``): py-libp2p refuses them
+and would keep the healthy remote peer in its 60 s negative dial cache; here the trimmer makes
+room first, and a dial refused at the cap leaves no block behind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from swarm.net.host import _CapDials, set_make_room
+
+
+class FakeNetwork:
+    def __init__(self, held: int, cap_refuses: bool) -> None:
+        self.held = [f"peer-{i}" for i in range(held)]
+        self.cap_refuses = cap_refuses
+        self.blocked: set[str] = set()
+
+    def get_connections(self, peer: Any = None) -> list[str]:
+        return self.held if peer is None else [p for p in self.held if p == peer]
+
+    async def dial_peer(self, peer: str) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        if self.cap_refuses and len(self.held) >= 3:
+            self.blocked.add(peer)  # py-libp2p marks the remote peer failed
+            raise RuntimeError("Maximum connections limit reached")
+        self.held.append(peer)
+        return [peer]
+
+    def unblock_peer(self, peer: str) -> None:
+        self.blocked.discard(peer)
+
+
+class FakeHost:
+    def __init__(self, network: FakeNetwork) -> None:
+        self.network = network
+
+    def get_network(self) -> FakeNetwork:
+        return self.network
+
+
+async def test_a_dial_at_the_cap_makes_room_first() -> None:
+    network = FakeNetwork(held=3, cap_refuses=True)
+    _CapDials(network, cap=3).install()
+    rooms: list[int] = []
+
+    async def make_room() -> bool:
+        rooms.append(len(network.held))
+        network.held.pop(0)
+        return True
+
+    set_make_room(FakeHost(network), make_room)
+    assert await network.dial_peer("newcomer") == ["newcomer"]
+    assert rooms == [3] and network.blocked == set()
+
+
+async def test_a_dial_refused_at_our_cap_leaves_the_peer_unblocked() -> None:
+    network = FakeNetwork(held=3, cap_refuses=True)
+    _CapDials(network, cap=3).install()
+
+    async def no_room() -> bool:  # every connection protected or in its grace period
+        return False
+
+    set_make_room(FakeHost(network), no_room)
+    try:
+        await network.dial_peer("healthy")
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("the fake refuses at the cap")
+    assert network.blocked == set()  # the refusal was ours: the peer stays dialable
+
+
+async def test_a_dial_under_the_cap_is_left_alone() -> None:
+    network = FakeNetwork(held=1, cap_refuses=True)
+    _CapDials(network, cap=3).install()
+
+    async def make_room() -> bool:
+        raise AssertionError("room made under the cap")
+
+    set_make_room(FakeHost(network), make_room)
+    assert await network.dial_peer("other") == ["other"]
