@@ -1,9 +1,9 @@
 """Bounded connections on a real swarm: 30 nodes on 127.0.0.1 (a trainer, a validator and
-28 workers, one bootstrap peer) with low and high water marks of 8 and 12. Every node dials past the low mark
-only to reach the trainer and trims what others' dials add past the high one; once formed,
-every node stays at or under 12 through an announcement that reaches all of them, no node
-trims a peer it protects, and a node that joins then still fetches a version from several
-peers.
+28 workers, one bootstrap peer) with low and high water marks of 8 and 12. Every node dials
+past the low mark only to reach the trainer and trims what others' dials add past the high
+one; once formed, every node stays at or under 12 through an announcement that reaches all of
+them, no node trims a peer it protects, and a node that joins then still fetches a version
+from several peers.
 
 The bootstrap peer is no run node: it keeps its resource manager's limit (``HostLimits``),
 as every node stays connected to it (``docs/protocol.md``, "Bounded connections")."""
