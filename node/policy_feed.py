@@ -52,6 +52,8 @@ from swarm.shardcast.publish import publish_version
 
 log = logging.getLogger(__name__)
 
+CATCH_UP_MAX_S = 60.0
+"""The longest wait between two asks for a run's first announcement (``PolicyFeed._catch_up``)."""
 POLICY_LIMITS = StreamLimits(max_request=64, max_response=PolicyAnnouncement.MAX_BYTES + 256)
 
 
@@ -108,25 +110,34 @@ class PolicyFeed:
         ask a peer or two whenever no announcement has come for ``refresh_every_s``."""
         wait = self.catch_up_every_s
         while self.node.policy.newest is None:
-            by_role = self.node.peers_by_role()
-            others = [p for role, ps in by_role.items() if role != "trainer" for p in ps]
-            random.shuffle(others)
-            await self.pull([*by_role.get("trainer", []), *others[:3]])
-            # Back off (2 s, 4 s, ... up to ``refresh_every_s``) while nobody has one: before
+            trainers = self.node.peers_by_role().get("trainer", [])
+            await self.pull([*trainers, *self._some_peers(3)])
+            # Back off (2 s, 4 s, ... up to ``CATCH_UP_MAX_S``) while nobody has one: before
             # a run's first announcement every node asked the trainer and 3 peers every 2 s
             # (50 requests/s at the trainer with 100 nodes, a third of an idle node's CPU;
-            # docs/BENCHMARKS.md, Scale). A node joining a running swarm gets its answer on the
-            # first ask; the first announcement itself comes by gossip, whatever this waits.
+            # docs/BENCHMARKS.md, Scale), and every 10 s was still 9% of an idle node's loop
+            # (bench/idle.py --profile, N = 25). A node joining a running swarm gets its
+            # answer on the first ask; the first announcement itself comes by gossip,
+            # whatever this waits.
             with trio.move_on_after(wait):
                 await self.node.policy.wait_for(0)
-            wait = min(2 * wait, max(self.refresh_every_s, self.catch_up_every_s))
+            wait = min(2 * wait, max(CATCH_UP_MAX_S, self.catch_up_every_s))
         while True:
             version = self.node.policy.version
             with trio.move_on_after(self.refresh_every_s):
                 await self.node.policy.wait_for((version or 0) + 1)
                 continue  # gossip is flowing
-            peers = [p for ps in self.node.peers_by_role().values() for p in ps]
-            await self.pull(random.sample(peers, min(2, len(peers))))
+            await self.pull(self._some_peers(2))
+
+    def _some_peers(self, n: int) -> list[str]:
+        """``n`` run peers to ask for the newest announcement (any peer's answer carries the
+        trainer's signature), those we are connected to first: with bounded connections a
+        request to another dials it, and that connection is trimmed again (churn)."""
+        connected = set(self.node.overlay.connected_peers())
+        peers = [p for ps in self.node.peers_by_role().values() for p in ps]
+        random.shuffle(peers)
+        peers.sort(key=lambda p: p not in connected)  # stable: random within each half
+        return peers[:n]
 
     async def pull(self, peers: list[str], timeout: float = 5.0) -> bool:
         """Ask ``peers`` at once for their newest announcement; ``True`` when one was newer
