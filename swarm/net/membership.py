@@ -20,8 +20,9 @@ anyone may claim to provide any key.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import trio
@@ -145,8 +146,21 @@ class Membership:
         """Store a fresh advert and our provider record for our role."""
         signed = self.make_advert()
         self._published_at_size = self._table_size()
-        await self.overlay.records.put_advert(signed)
-        await self.overlay.records.provide(role_provider_key(self.run_id, self.role))
+        # The two DHT walks together (a node's start waits on them): the first error is raised.
+        errors: list[SwarmError] = []
+
+        async def put(store: Callable[[], Awaitable[None]]) -> None:
+            try:
+                await store()
+            except SwarmError as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(put, partial(self.overlay.records.put_advert, signed))
+            key = role_provider_key(self.run_id, self.role)
+            nursery.start_soon(put, partial(self.overlay.records.provide, key))
+        if errors:
+            raise errors[0]
         self.mine = signed
         return signed
 
