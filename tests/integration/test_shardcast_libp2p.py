@@ -149,11 +149,11 @@ async def test_fetched_versions_are_advertised_and_re_served(tmp_path: Path) -> 
             # status says which path the shards took: all over data channels on loopback
             shards = got.fetched_shards
             assert a.status()["last_fetch"]["data_channel_shards"] == shards
-            assert b.status()["paths"] == {
-                "data_channel": shards,
-                "stream": 0,
-                "refused_offers": 0,
-            }
+            # Pulls, not shards: an endgame pull of a slow shard from the other holder counts
+            # too (a loaded CI run counted 6 pulls for 5 shards).
+            paths = b.status()["paths"]
+            assert paths["data_channel"] >= shards and paths["stream"] == 0, paths
+            assert paths["refused_offers"] == 0, paths
 
 
 async def _has(service: object, peer: str) -> bool:
