@@ -401,8 +401,13 @@ class Overlay:
         return ok
 
     def unblock(self, peer_id: str) -> None:
-        """Let the next dial to ``peer_id`` happen (``swarm.net.dial.unblock``)."""
-        unblock(self.host, ID.from_base58(peer_id))
+        """Let the next dial to ``peer_id`` happen (``swarm.net.dial.unblock``); a malformed
+        ID has nothing to unblock (the dial that follows says what is wrong with it)."""
+        try:
+            peer = check_peer_id(peer_id)
+        except SwarmError:
+            return
+        unblock(self.host, peer)
 
     def connected(self, peer_id: str) -> bool:
         try:

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import trio
+from libp2p.peer.id import ID
 
 from node.runtime import Node
 from node.shardcast import ShardcastService
 from swarm.errors import PeerError
-from swarm.net.connections import ConnectionBounds
+from swarm.net.connections import IDLE_PROTOCOLS, ConnectionBounds
 from swarm.shardcast import ShardStore, publish
 from tests.netfactory import NetFactory, wait_until
 from tests.shardcast_util import checkpoint
@@ -97,7 +98,10 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
         # A node that joins now fetches a version from several peers.
         stores = {i: ShardStore(tmp_path / f"store-{i}") for i in range(N + 1)}
         publish(
-            checkpoint(tmp_path / "policy.safetensors", 2_000_000),
+            # Big enough that the newcomer's fetch outlasts finding the holders (its peers are
+            # a sample of the run, and a provider-record lookup takes a second or two here):
+            # 2 MB came from the idle trainer alone in 0.3 s before any holder was known.
+            checkpoint(tmp_path / "policy.safetensors", 8_000_000),
             key=net.trainer_keys[0],
             genesis=net.genesis,
             version=2,
@@ -135,14 +139,20 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
                     try:
                         got = await newcomer.fetch(2)
                         break
-                    except PeerError:
+                    except PeerError as exc:
+                        phase(f"the newcomer's fetch failed: {exc}")
                         await trio.sleep(1.0)
-            phase("the newcomer fetched it")
-            sources = [p for p in got.progress.peers() if int(p["shards"]) > 0]  # type: ignore[call-overload]
-            assert len(sources) >= 2, [
+            board = [
                 (p["peer"][-8:], p["shards"], p["failures"], p["last_error"])  # type: ignore[index]
                 for p in got.progress.peers()
             ]
+            holders = [room(h) for h in [trainer, *workers[:HOLDERS]]]
+            # Printed whole (an assertion's message is cut short): (peer, shards, failures,
+            # last error) of the newcomer's board; (peer, connections, could let go) of each
+            # holder.
+            phase(f"the newcomer fetched it: {board}; holders {holders}")
+            sources = [p for p in got.progress.peers() if int(p["shards"]) > 0]  # type: ignore[call-overload]
+            assert len(sources) >= 2, (board, holders)
             assert fresh.connections.count() <= BOUNDS.high
             services.cancel_scope.cancel()
         print(
@@ -150,6 +160,31 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
             f" {sum(formed_at)}, after {sum(n.connections.stats.trims for n in nodes)};"
             f" the fresh node fetched from {len(sources)} peers"
         )
+
+
+def room(node: Node) -> tuple[str, int, int, int, int, int, list[str]]:
+    """A holder's connections: (peer, count, could let go, protected, young, in use, the
+    transfer protocols open)."""
+    t = node.connections
+    peers = [str(p) for p in node.overlay.host.get_connected_peers()]
+    ages = t._ages(peers)
+    keep = set(node._protected_peers())
+    busy = []
+    for p in peers:
+        for conn in node.overlay.host.get_network().get_connections(ID.from_base58(p)):
+            for stream in conn.get_streams():
+                protocol = str(stream.get_protocol() or "")
+                if not protocol.startswith(IDLE_PROTOCOLS):
+                    busy.append(protocol.rsplit("/", 2)[-2])
+    return (
+        node.peer_id[-8:],
+        len(peers),
+        len(t.candidates()),
+        len(keep & set(peers)),
+        sum(1 for p in peers if ages[p] < BOUNDS.grace_s),
+        sum(1 for p in peers if t.in_use(p)),
+        busy,
+    )
 
 
 async def _serve(

@@ -1,6 +1,7 @@
 """Our own dials at our connection cap (``swarm.net.host._CapDials``): py-libp2p refuses them
 and would keep the healthy remote peer in its 60 s negative dial cache; here the trimmer makes
-room first, and a dial refused at the cap leaves no block behind."""
+room first, and a dial refused at the cap leaves no block behind. A connection arriving at
+the cap makes room the same way before py-libp2p's check refuses it."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ class FakeNetwork:
 
     def unblock_peer(self, peer: str) -> None:
         self.blocked.discard(peer)
+
+    async def upgrade_inbound_raw_conn(self, raw: str, maddr: str) -> str:
+        await trio.lowlevel.checkpoint()
+        if len(self.held) >= 3:  # py-libp2p's fast check, before the handshake
+            raise RuntimeError("Maximum connections limit reached")
+        self.held.append(raw)
+        return raw
 
 
 class FakeHost:
@@ -81,3 +89,33 @@ async def test_a_dial_under_the_cap_is_left_alone() -> None:
 
     set_make_room(FakeHost(network), make_room)
     assert await network.dial_peer("other") == ["other"]
+
+
+async def test_a_connection_arriving_at_the_cap_makes_room_first() -> None:
+    network = FakeNetwork(held=3, cap_refuses=True)
+    _CapDials(network, cap=3).install()
+
+    async def make_room() -> bool:
+        network.held.pop(0)  # the trimmer lets its least useful connection go
+        return True
+
+    set_make_room(FakeHost(network), make_room)
+    assert await network.upgrade_inbound_raw_conn("newcomer", "/ip4/127.0.0.1") == "newcomer"
+    assert len(network.held) == 3 and "newcomer" in network.held
+
+
+async def test_a_connection_arriving_with_no_room_is_refused_as_before() -> None:
+    network = FakeNetwork(held=3, cap_refuses=True)
+    _CapDials(network, cap=3).install()
+
+    async def no_room() -> bool:
+        return False
+
+    set_make_room(FakeHost(network), no_room)
+    try:
+        await network.upgrade_inbound_raw_conn("newcomer", "/ip4/127.0.0.1")
+    except RuntimeError as exc:
+        assert "limit" in str(exc)
+    else:
+        raise AssertionError("a full node with nothing to trim refuses")
+    assert network.held == ["peer-0", "peer-1", "peer-2"]

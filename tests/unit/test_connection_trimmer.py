@@ -166,6 +166,8 @@ async def test_a_peer_that_opened_a_stream_lately_is_in_use() -> None:
     clock.now += 11.0
     t.note_stream(PEERS[1], "/swarm-node/r/shard/1")  # a shard request just closed
     t.note_stream(PEERS[2], "/ipfs/kad/1.0.0")  # a DHT query: no use that keeps a peer
+    t.note_stream(PEERS[3], "")  # a stream that never agreed on a protocol carried nothing
+    assert t.in_use(PEERS[1]) and not t.in_use(PEERS[2]) and not t.in_use(PEERS[3])
     trimmed = await t.check()
     assert PEERS[1] not in trimmed and PEERS[1] in network.conns and PEERS[2] in trimmed
     clock.now += 31.0  # past in_use_s: an idle peer like the others
