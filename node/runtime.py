@@ -475,12 +475,6 @@ class Node:
         (a holder of a version, a validator), the idle connection is not."""
         if not self.overlay.connected(peer_id):
             await self.connections.make_room()
-            # A peer that refused us at its cap a moment ago sits in py-libp2p's 60 s
-            # negative dial cache, and every request to it would fail at once: the caller's
-            # own pacing decides when to ask again (a fetch's failure budget, a feed's
-            # backoff). A fetch's holders refused a newcomer once each, at their caps, and
-            # were dropped within 3 s (tests/integration/test_connection_bounds.py).
-            self.overlay.unblock(peer_id)
             if self.membership.advert_of(peer_id):
                 why = await self.connect_peer(peer_id)
                 if why is not None:

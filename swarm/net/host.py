@@ -7,9 +7,9 @@ wrong comes back as ``ConfigError`` before any socket is opened.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import multiaddr
 import trio
@@ -164,7 +164,8 @@ def build_host(
     return host
 
 
-MakeRoom = Callable[[], Awaitable[bool]]
+class MakeRoom(Protocol):
+    async def __call__(self, *, arriving: bool = False) -> bool: ...
 
 
 class _CapDials:
@@ -184,9 +185,10 @@ class _CapDials:
     connections (its own copy of a version, the DHT walks of its provider record) sat at its
     cap with older, idle connections it could have let go, and refused a newcomer fetching
     what it holds; the newcomer then keeps it in its negative cache for 60 s and took all 31
-    shards from one peer (a CI run of the test above). What is trimmed is only what the
-    trimmer may trim anyway (past its grace, in no transfer, not protected), so a flood of
-    newcomers cannot push out a peer in use."""
+    shards from one peer (a CI run of the test above). What is trimmed is what the trimmer
+    may trim anyway (past its grace, in no transfer, not protected), and a connection we
+    opened for nothing but a DHT query once past 2 s (``ConnectionBounds.dial_grace_s``): a
+    flood of newcomers cannot push out a peer in use."""
 
     def __init__(self, network: Any, cap: int) -> None:
         self.network = network
@@ -216,7 +218,7 @@ class _CapDials:
 
     async def upgrade_inbound_raw_conn(self, raw_conn: Any, maddr: Any) -> Any:
         if self.make_room is not None and self.full():
-            await self.make_room()
+            await self.make_room(arriving=True)
         return await self._upgrade_inbound(raw_conn, maddr)
 
 

@@ -28,6 +28,7 @@ class FakeStream:
 @dataclass
 class FakeConn:
     streams: list[FakeStream]
+    direction: str = "inbound"
 
     def get_streams(self) -> tuple[FakeStream, ...]:
         return tuple(self.streams)
@@ -129,6 +130,22 @@ async def test_a_peer_mid_transfer_and_a_new_connection_are_kept() -> None:
     trimmed = await t.check()
     assert PEERS[0] not in trimmed and PEERS[9] not in trimmed
     assert len(trimmed) == 9 - 4 and set(network.conns) >= {PEERS[0], PEERS[9]}
+
+
+async def test_a_connection_arriving_at_the_cap_may_push_out_a_young_one_we_opened() -> None:
+    """A burst of our own DHT dials (a provider record placed) fills the cap with young
+    connections; one arriving then may push out one of ours past the dial grace, never a
+    young one a peer opened to us, and the periodic trim keeps the whole grace."""
+    conns = {p: gossip_only() for p in PEERS[:4]}
+    conns[PEERS[4]] = FakeConn([FakeStream("/ipfs/kad/1.0.0")], direction="outbound")
+    conns[PEERS[5]] = FakeConn([FakeStream("/ipfs/kad/1.0.0")], direction="inbound")
+    t, network, clock = trimmer(conns, high=6)
+    t._ages(list(conns))
+    clock.now += 3.0  # past the dial grace (2 s), within the grace (10 s)
+    assert t.candidates() == [] and await t.make_room() is False
+    assert t.candidates(arriving=True) == [PEERS[4]]
+    assert await t.make_room(arriving=True) is True
+    assert network.closed == [PEERS[4]]
 
 
 async def test_peers_outside_the_gossip_mesh_go_first() -> None:
