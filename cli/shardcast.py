@@ -39,6 +39,9 @@ from swarm.net.host import check_peer_id
 from swarm.shardcast import FetchConfig, FetchProgress, ShardStore, inline_manifest, publish
 from swarm.shardcast.datachannel import DataChannelConfig
 
+RETRY_S = 2.0
+"""``shardcast fetch``: a failed fetch is tried again after this, until ``--wait`` is spent."""
+
 shardcast_app = typer.Typer(
     help="Policy weights: publish a version (trainers), fetch one from the swarm.",
     no_args_is_help=True,
@@ -159,7 +162,12 @@ def fetch_cmd(
     ] = None,
     max_disk: MaxDiskOption = None,
     wait: Annotated[
-        float, typer.Option("--wait", help="Seconds to wait for a provider to appear.")
+        float,
+        typer.Option(
+            "--wait",
+            help="Seconds to wait for a provider to appear and serve (a failed fetch is tried"
+            " again until then).",
+        ),
     ] = 30.0,
     serve: Annotated[
         bool, typer.Option("--serve", help="Keep serving the version after the fetch.")
@@ -188,6 +196,7 @@ def fetch_cmd(
 
     async def main() -> None:
         async with _serving(config, store, data_host, data_port) as (node, service):
+            deadline = trio.current_time() + wait
             with trio.move_on_after(wait):
                 if only:  # their adverts say how to reach them (relayed addresses too)
                     while not all(node.membership.advert_of(p) for p in only):
@@ -215,15 +224,24 @@ def fetch_cmd(
                         peers=active,
                     )
 
-                try:
-                    result = await service.fetch(
-                        version,
-                        config=FetchConfig(concurrency=concurrency),
-                        on_progress=show,
-                        only=only,
-                    )
-                except PeerError as exc:
-                    raise PeerError(f"{exc} (waited {wait:g} s for providers)") from exc
+                # Tried again until --wait is spent: a provider reached only through a
+                # relay may refuse the first circuit (its reservation being renewed), or one at
+                # its connection cap the first dial (a CI run's fetch across two NATs failed
+                # at its one try, 4 s into a 60 s --wait). What was verified is kept.
+                while True:
+                    try:
+                        result = await service.fetch(
+                            version,
+                            config=FetchConfig(concurrency=concurrency),
+                            on_progress=show,
+                            only=only,
+                        )
+                        break
+                    except PeerError as exc:
+                        if trio.current_time() + RETRY_S >= deadline:
+                            raise PeerError(f"{exc} (tried for {wait:g} s: --wait)") from exc
+                        bar.console.print(f"[yellow]retrying in {RETRY_S:g} s:[/] {exc}")
+                        await trio.sleep(RETRY_S)
                 # Which path each peer's shards took, while the connections are up.
                 paths = {
                     str(p["peer"]): service.path_to(str(p["peer"])) for p in result.progress.peers()
