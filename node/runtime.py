@@ -474,7 +474,7 @@ class Node:
         least useful connection makes room first: a request we start is a transfer we want
         (a holder of a version, a validator), the idle connection is not."""
         if not self.overlay.connected(peer_id):
-            await self.connections.make_room()
+            await self.connections.make_room(wanted=True)
             if self.membership.advert_of(peer_id):
                 why = await self.connect_peer(peer_id)
                 if why is not None:

@@ -52,12 +52,13 @@ class ConnectionBounds:
     grace_s: float = 10.0
     """A connection younger than this is never trimmed (its first transfer may be starting)."""
     dial_grace_s: float = 2.0
-    """For a connection arriving at the cap (``make_room(arriving=True)``), the grace of a
-    connection we opened ourselves and used for nothing but idle protocols: a DHT query's,
-    done within this. A node that placed its provider record (about 20 dials at once, on a
-    small swarm) held only young connections for 10 s and refused a newcomer fetching what it
-    had just copied. Only under that pressure: in the periodic trim it doubled the trims of
-    30 forming nodes (1,500-1,700 against 600-900) and slowed their start by a third."""
+    """For a connection wanted now at the cap (``make_room(wanted=True)``: one arriving, a
+    request of ours), the grace of a connection we opened ourselves and used for nothing but
+    idle protocols: a DHT query's, done within this. A node that placed its provider record
+    (about 20 dials at once, on a small swarm) held only young connections for 10 s and
+    refused a newcomer fetching what it had just copied. Only under that pressure: in the
+    periodic trim it doubled the trims of 30 forming nodes (1,500-1,700 against 600-900) and
+    slowed their start by a third."""
     in_use_s: float = 30.0
     """A peer whose last transfer stream (either way; not gossip, identify, ping or DHT)
     closed this recently is in use: a fetch between two shard requests, a submission; never
@@ -180,9 +181,10 @@ class ConnectionTrimmer:
         self._last_stream = {p: t for p, t in self._last_stream.items() if p in seen}
         return {p: now - t for p, t in seen.items()}
 
-    def candidates(self, *, arriving: bool = False) -> list[str]:
-        """Peers that may be trimmed now, least useful first. ``arriving``: for a connection
-        arriving at the cap, a connection of ours past ``dial_grace_s`` may go too."""
+    def candidates(self, *, wanted: bool = False) -> list[str]:
+        """Peers that may be trimmed now, least useful first. ``wanted``: for a connection
+        wanted now (arriving at the cap, a request of ours), a connection of ours past
+        ``dial_grace_s`` may go too."""
         peers = [str(p) for p in self.host.get_connected_peers()]
         ages = self._ages(peers)
         keep = set(self.protected())
@@ -191,7 +193,7 @@ class ConnectionTrimmer:
         def old_enough(peer: str) -> bool:
             if ages[peer] >= self.bounds.grace_s:
                 return True
-            return arriving and ages[peer] >= self.bounds.dial_grace_s and self._ours(peer)
+            return wanted and ages[peer] >= self.bounds.dial_grace_s and self._ours(peer)
 
         free = [p for p in peers if p not in keep and old_enough(p) and not self.in_use(p)]
         return sorted(free, key=lambda p: (p in mesh, -ages[p]))
@@ -227,13 +229,14 @@ class ConnectionTrimmer:
             )
         return trimmed
 
-    async def make_room(self, *, arriving: bool = False) -> bool:
-        """Before we dial a peer for a transfer or one we protect, or before a connection
-        arriving (``arriving``) is refused: at the cap, trim the least useful connection
-        (our own host would refuse otherwise). False: none may go."""
+    async def make_room(self, *, wanted: bool = False) -> bool:
+        """Before we dial a peer: at the cap, trim the least useful connection (our own host
+        would refuse the dial otherwise). ``wanted``: a connection arriving, or a request of
+        ours (a transfer, a peer we protect), may push out a young one of ours
+        (``ConnectionBounds.dial_grace_s``). False: none may go."""
         if self.count() < self.bounds.high:
             return True
-        candidates = self.candidates(arriving=arriving)
+        candidates = self.candidates(wanted=wanted)
         if not candidates:
             return False
         await self._close(candidates[:1])

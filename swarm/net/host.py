@@ -165,7 +165,7 @@ def build_host(
 
 
 class MakeRoom(Protocol):
-    async def __call__(self, *, arriving: bool = False) -> bool: ...
+    async def __call__(self, *, wanted: bool = False) -> bool: ...
 
 
 class _CapDials:
@@ -218,7 +218,7 @@ class _CapDials:
 
     async def upgrade_inbound_raw_conn(self, raw_conn: Any, maddr: Any) -> Any:
         if self.make_room is not None and self.full():
-            await self.make_room(arriving=True)
+            await self.make_room(wanted=True)
         return await self._upgrade_inbound(raw_conn, maddr)
 
 

@@ -126,7 +126,8 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
                         try:
                             await h.fetch(2, only=[trainer.peer_id])
                             break
-                        except PeerError:
+                        except PeerError as exc:
+                            phase(f"a copy failed: {exc}; {room(h.node)}, {room(trainer)}")
                             await trio.sleep(1.0)
             phase(f"{HOLDERS} workers hold the version")
             await wait_until(lambda: fresh.peers_by_role().get("trainer"), 60)
@@ -175,7 +176,7 @@ def room(node: Node) -> tuple[str, int, int, int, int, int, list[str]]:
             for stream in conn.get_streams():
                 protocol = str(stream.get_protocol() or "")
                 if not protocol.startswith(IDLE_PROTOCOLS):
-                    busy.append(protocol.rsplit("/", 2)[-2])
+                    busy.append(protocol[-24:] or "(negotiating)")
     return (
         node.peer_id[-8:],
         len(peers),

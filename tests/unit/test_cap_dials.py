@@ -53,7 +53,7 @@ async def test_a_dial_at_the_cap_makes_room_first() -> None:
     _CapDials(network, cap=3).install()
     rooms: list[int] = []
 
-    async def make_room(*, arriving: bool = False) -> bool:
+    async def make_room(*, wanted: bool = False) -> bool:
         rooms.append(len(network.held))
         network.held.pop(0)
         return True
@@ -68,7 +68,7 @@ async def test_a_dial_refused_at_our_cap_leaves_the_peer_unblocked() -> None:
     _CapDials(network, cap=3).install()
 
     # Every connection protected or in its grace period.
-    async def no_room(*, arriving: bool = False) -> bool:
+    async def no_room(*, wanted: bool = False) -> bool:
         return False
 
     set_make_room(FakeHost(network), no_room)
@@ -85,7 +85,7 @@ async def test_a_dial_under_the_cap_is_left_alone() -> None:
     network = FakeNetwork(held=1, cap_refuses=True)
     _CapDials(network, cap=3).install()
 
-    async def make_room(*, arriving: bool = False) -> bool:
+    async def make_room(*, wanted: bool = False) -> bool:
         raise AssertionError("room made under the cap")
 
     set_make_room(FakeHost(network), make_room)
@@ -96,8 +96,8 @@ async def test_a_connection_arriving_at_the_cap_makes_room_first() -> None:
     network = FakeNetwork(held=3, cap_refuses=True)
     _CapDials(network, cap=3).install()
 
-    async def make_room(*, arriving: bool = False) -> bool:
-        assert arriving  # a connection of ours past the dial grace may go for it
+    async def make_room(*, wanted: bool = False) -> bool:
+        assert wanted  # a connection of ours past the dial grace may go for it
         network.held.pop(0)  # the trimmer lets its least useful connection go
         return True
 
@@ -110,7 +110,7 @@ async def test_a_connection_arriving_with_no_room_is_refused_as_before() -> None
     network = FakeNetwork(held=3, cap_refuses=True)
     _CapDials(network, cap=3).install()
 
-    async def no_room(*, arriving: bool = False) -> bool:
+    async def no_room(*, wanted: bool = False) -> bool:
         return False
 
     set_make_room(FakeHost(network), no_room)

@@ -143,8 +143,8 @@ async def test_a_connection_arriving_at_the_cap_may_push_out_a_young_one_we_open
     t._ages(list(conns))
     clock.now += 3.0  # past the dial grace (2 s), within the grace (10 s)
     assert t.candidates() == [] and await t.make_room() is False
-    assert t.candidates(arriving=True) == [PEERS[4]]
-    assert await t.make_room(arriving=True) is True
+    assert t.candidates(wanted=True) == [PEERS[4]]
+    assert await t.make_room(wanted=True) is True
     assert network.closed == [PEERS[4]]
 
 
