@@ -180,15 +180,15 @@ class _CapDials:
     useful connection), and a dial that failed while we were at the cap leaves the peer out
     of the negative cache: the refusal was ours.
 
-    Inbound the same: a connection that arrives at the cap makes room before py-libp2p's
-    check refuses it (``Swarm.upgrade_inbound_raw_conn``). A node that just took a burst of
-    connections (its own copy of a version, the DHT walks of its provider record) sat at its
-    cap with older, idle connections it could have let go, and refused a newcomer fetching
-    what it holds; the newcomer then keeps it in its negative cache for 60 s and took all 31
-    shards from one peer (a CI run of the test above). What is trimmed is what the trimmer
-    may trim anyway (past its grace, in no transfer, not protected), and a connection we
-    opened for nothing but a DHT query once past 2 s (``ConnectionBounds.dial_grace_s``): a
-    flood of newcomers cannot push out a peer in use."""
+    Inbound the same: a connection that arrives at the cap makes room before py-libp2p's check
+    refuses it (``Swarm.upgrade_inbound_raw_conn``). A node that just took a burst of
+    connections (its own copy of a version, the DHT walks of its provider record) sat at its cap
+    and refused a newcomer fetching what it holds, without asking its trimmer; the newcomer then
+    kept it in its negative cache for 60 s and took all 31 shards from one peer (a CI run of the
+    test above). What is trimmed is what the trimmer may trim anyway (past its grace, in no
+    transfer, not protected), and a connection we opened for nothing but a DHT query once past 2
+    s (``ConnectionBounds.dial_grace_s``): a flood of newcomers cannot push out a peer in
+    use."""
 
     def __init__(self, network: Any, cap: int) -> None:
         self.network = network
