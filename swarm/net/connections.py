@@ -31,7 +31,7 @@ from libp2p.abc import INotifee
 from libp2p.peer.id import ID
 
 from swarm.errors import ConfigError
-from swarm.net.host import set_make_room
+from swarm.net.host import close_peers, set_make_room
 
 log = logging.getLogger(__name__)
 
@@ -243,16 +243,7 @@ class ConnectionTrimmer:
         return True
 
     async def _close(self, peers: list[str]) -> None:
-        async def close(peer: str) -> None:
-            try:
-                await self.host.get_network().close_peer(ID.from_base58(peer))
-            except Exception as exc:  # a connection that closed under us is trimmed too
-                log.debug("closing the connection to %s: %s", peer[-8:], exc)
-
-        # Together: py-libp2p's yamux close sleeps 0.1 s after its GO_AWAY.
-        async with trio.open_nursery() as nursery:
-            for peer in peers:
-                nursery.start_soon(close, peer)
+        await close_peers(self.host, [ID.from_base58(p) for p in peers])
         if peers:
             self.stats.trims += len(peers)
             self.stats.last_trim_at = time.time()

@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from swarm.errors import BootstrapError, ConfigError
-from swarm.net.host import parse_peer_addr
+from swarm.net.host import parse_peer_addr, unblock
 
 log = logging.getLogger(__name__)
 
@@ -112,15 +112,6 @@ async def _probe_tcp(target: tuple[str, int], timeout: float) -> str | None:
 
 SLOW_HANDSHAKE = "in the libp2p handshake"
 """How ``dial_once``'s reason ends when TCP connected but the libp2p handshake timed out."""
-
-
-def unblock(host: Any, peer_id: Any) -> None:
-    """Let the next dial to ``peer_id`` (a py-libp2p ``ID``) happen: py-libp2p keeps a peer
-    whose addresses all failed in a negative cache for 60 s (a peer that was down, or refused
-    us at its connection cap, included)."""
-    network = host.get_network()
-    if hasattr(network, "unblock_peer"):
-        network.unblock_peer(peer_id)
 
 
 async def dial_once(host: Any, addr: str, timeout: float) -> str | None:

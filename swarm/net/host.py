@@ -7,6 +7,7 @@ wrong comes back as ``ConfigError`` before any socket is opened.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,6 +32,8 @@ from swarm.identity import NodeKey, public_from_peer_id
 DEFAULT_LISTEN = ("/ip4/0.0.0.0/tcp/4001",)
 UNBOUNDED = 1_000_000
 """py-libp2p's own connection limits, set out of reach (``build_host``)."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,15 +214,42 @@ class _CapDials:
             return await self._dial_peer(peer_id)
         except Exception:
             if self.full():
-                unblock_peer = getattr(self.network, "unblock_peer", None)
-                if unblock_peer is not None:
-                    unblock_peer(peer_id)
+                _unblock(self.network, peer_id)
             raise
 
     async def upgrade_inbound_raw_conn(self, raw_conn: Any, maddr: Any) -> Any:
         if self.make_room is not None and self.full():
             await self.make_room(wanted=True)
         return await self._upgrade_inbound(raw_conn, maddr)
+
+
+def unblock(host: Any, peer_id: Any) -> None:
+    """Let the next dial to ``peer_id`` (a py-libp2p ``ID``) happen: py-libp2p keeps a peer
+    whose addresses all failed in a negative cache for 60 s (a peer that was down, or refused
+    us at its connection cap, included)."""
+    _unblock(host.get_network(), peer_id)
+
+
+def _unblock(network: Any, peer_id: Any) -> None:
+    if hasattr(network, "unblock_peer"):
+        network.unblock_peer(peer_id)
+
+
+async def close_peers(host: Any, peers: Iterable[Any]) -> None:
+    """Close our connections to ``peers`` (py-libp2p ``ID``s) all at once: py-libp2p's yamux
+    close sleeps 0.1 s after its GO_AWAY, and one peer after another was most of a node's
+    stop (30 loopback nodes stopped in 43 s). A connection that closed under us is closed."""
+    network = host.get_network()
+
+    async def close(peer: Any) -> None:
+        try:
+            await network.close_peer(peer)
+        except Exception as exc:
+            log.debug("closing the connection to %s: %s", str(peer)[-8:], exc)
+
+    async with trio.open_nursery() as nursery:
+        for peer in peers:
+            nursery.start_soon(close, peer)
 
 
 def set_make_room(host: Any, make_room: MakeRoom | None) -> None:

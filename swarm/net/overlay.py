@@ -48,17 +48,19 @@ from swarm import internals
 from swarm.errors import NetworkError, SwarmError
 from swarm.identity import NodeKey
 from swarm.net.dht_records import DhtRecords
-from swarm.net.dial import DialPolicy, DialReport, dial_bootstrap, dial_once, unblock
+from swarm.net.dial import DialPolicy, DialReport, dial_bootstrap, dial_once
 from swarm.net.gossipsub import SwarmGossipSub
 from swarm.net.host import (
     HostLimits,
     build_host,
     check_peer_id,
+    close_peers,
     full_addrs,
     listen_addrs,
     parse_multiaddr,
     peer_ids,
     peer_of,
+    unblock,
 )
 from swarm.net.names import NAMESPACE
 from swarm.net.paths import DirectPath, direct_path
@@ -248,17 +250,7 @@ class Overlay:
         for protocol in list(self.pubsub.protocols):
             with contextlib.suppress(Exception):
                 self.host.remove_stream_handler(protocol)
-        network = self.host.get_network()
-
-        async def close(peer: Any) -> None:
-            with contextlib.suppress(Exception):
-                await network.close_peer(peer)
-
-        # All at once: py-libp2p's yamux close sleeps 0.1 s after its GO_AWAY, and one peer
-        # after another that was most of a node's stop (30 loopback nodes stopped in 43 s).
-        async with trio.open_nursery() as nursery:
-            for peer in list(network.get_connections_map()):
-                nursery.start_soon(close, peer)
+        await close_peers(self.host, list(self.host.get_network().get_connections_map()))
 
     async def forget_peer(self, peer_id: str) -> None:
         """Close our connections to ``peer_id`` and drop it from py-libp2p's negative dial
@@ -401,7 +393,7 @@ class Overlay:
         return ok
 
     def unblock(self, peer_id: str) -> None:
-        """Let the next dial to ``peer_id`` happen (``swarm.net.dial.unblock``); a malformed
+        """Let the next dial to ``peer_id`` happen (``swarm.net.host.unblock``); a malformed
         ID has nothing to unblock (the dial that follows says what is wrong with it)."""
         try:
             peer = check_peer_id(peer_id)

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 
-from swarm.net.host import _CapDials, set_make_room
+from swarm.net.host import MakeRoom, _CapDials, set_make_room
 
 
 class FakeNetwork:
@@ -48,9 +49,20 @@ class FakeHost:
         return self.network
 
 
-async def test_a_dial_at_the_cap_makes_room_first() -> None:
-    network = FakeNetwork(held=3, cap_refuses=True)
+def capped(held: int, make_room: MakeRoom) -> FakeNetwork:
+    """A fake network of ``held`` connections under a cap of 3, ``make_room`` installed."""
+    network = FakeNetwork(held=held, cap_refuses=True)
     _CapDials(network, cap=3).install()
+    set_make_room(FakeHost(network), make_room)
+    return network
+
+
+async def no_room(*, wanted: bool = False) -> bool:
+    """Every connection protected or in its grace period."""
+    return False
+
+
+async def test_a_dial_at_the_cap_makes_room_first() -> None:
     rooms: list[int] = []
 
     async def make_room(*, wanted: bool = False) -> bool:
@@ -58,66 +70,39 @@ async def test_a_dial_at_the_cap_makes_room_first() -> None:
         network.held.pop(0)
         return True
 
-    set_make_room(FakeHost(network), make_room)
+    network = capped(3, make_room)
     assert await network.dial_peer("newcomer") == ["newcomer"]
     assert rooms == [3] and network.blocked == set()
 
 
 async def test_a_dial_refused_at_our_cap_leaves_the_peer_unblocked() -> None:
-    network = FakeNetwork(held=3, cap_refuses=True)
-    _CapDials(network, cap=3).install()
-
-    # Every connection protected or in its grace period.
-    async def no_room(*, wanted: bool = False) -> bool:
-        return False
-
-    set_make_room(FakeHost(network), no_room)
-    try:
+    network = capped(3, no_room)
+    with pytest.raises(RuntimeError):  # the fake refuses at the cap
         await network.dial_peer("healthy")
-    except RuntimeError:
-        pass
-    else:
-        raise AssertionError("the fake refuses at the cap")
     assert network.blocked == set()  # the refusal was ours: the peer stays dialable
 
 
 async def test_a_dial_under_the_cap_is_left_alone() -> None:
-    network = FakeNetwork(held=1, cap_refuses=True)
-    _CapDials(network, cap=3).install()
-
     async def make_room(*, wanted: bool = False) -> bool:
         raise AssertionError("room made under the cap")
 
-    set_make_room(FakeHost(network), make_room)
+    network = capped(1, make_room)
     assert await network.dial_peer("other") == ["other"]
 
 
 async def test_a_connection_arriving_at_the_cap_makes_room_first() -> None:
-    network = FakeNetwork(held=3, cap_refuses=True)
-    _CapDials(network, cap=3).install()
-
     async def make_room(*, wanted: bool = False) -> bool:
         assert wanted  # a connection of ours past the dial grace may go for it
         network.held.pop(0)  # the trimmer lets its least useful connection go
         return True
 
-    set_make_room(FakeHost(network), make_room)
+    network = capped(3, make_room)
     assert await network.upgrade_inbound_raw_conn("newcomer", "/ip4/127.0.0.1") == "newcomer"
     assert len(network.held) == 3 and "newcomer" in network.held
 
 
 async def test_a_connection_arriving_with_no_room_is_refused_as_before() -> None:
-    network = FakeNetwork(held=3, cap_refuses=True)
-    _CapDials(network, cap=3).install()
-
-    async def no_room(*, wanted: bool = False) -> bool:
-        return False
-
-    set_make_room(FakeHost(network), no_room)
-    try:
+    network = capped(3, no_room)
+    with pytest.raises(RuntimeError, match="limit"):  # a full node with nothing to trim
         await network.upgrade_inbound_raw_conn("newcomer", "/ip4/127.0.0.1")
-    except RuntimeError as exc:
-        assert "limit" in str(exc)
-    else:
-        raise AssertionError("a full node with nothing to trim refuses")
     assert network.held == ["peer-0", "peer-1", "peer-2"]
