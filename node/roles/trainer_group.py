@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from node.roles.trainer_stats import TrainerStats
     from node.runtime import Node
     from swarm.messages import PolicyAnnouncement, RunParams, Signed
-    from swarm.shardcast.fetch import ProgressCallback
+    from swarm.shardcast.fetch import FetchProgress, ProgressCallback
 
 
 class Trainer(Protocol):
@@ -502,15 +502,26 @@ class GroupRounds:
 
 
 def _cut_when_idle(
-    wait_s: float, also: Callable[[Any], object] | None = None
-) -> tuple[trio.CancelScope, Callable[[Any], None]]:
-    """A cancel scope that ends ``wait_s`` after the last call of its callback (a fetch's
-    ``on_progress``, which also calls ``also``): a fetch that makes progress is never cut."""
+    wait_s: float, also: Callable[[FetchProgress], object] | None = None
+) -> tuple[trio.CancelScope, Callable[[FetchProgress], None]]:
+    """A cancel scope that ends ``wait_s`` after the fetch last gained, for its callback (a
+    fetch's ``on_progress``): a fetch that makes progress is never cut. A gain is a shard
+    fetched (which also calls ``also``) or a pull running (one that stalls is cut by the
+    fetch's own stall timeout). A ``have`` answer is none: when a publisher died holding the
+    only copy of a shard, the peers holding the others answered one every second, the fetch
+    ran to its own 30 s give-up, and the group's failover took over 30 s (CI,
+    tests/system/test_trainer_group.py)."""
     scope = trio.CancelScope(deadline=trio.current_time() + wait_s)
+    fetched = [0]  # bytes this fetch pulled (shards resumed from disk are no arrival)
 
-    def progressed(p: Any) -> None:
-        scope.deadline = trio.current_time() + wait_s
-        if also is not None:
-            also(p)
+    def progressed(p: FetchProgress) -> None:
+        gained = p.fetched_bytes > fetched[0]
+        pulling = p.board is not None and any(s.in_flight for s in p.board.stats.values())
+        if gained or pulling:
+            scope.deadline = trio.current_time() + wait_s
+        if gained:
+            fetched[0] = p.fetched_bytes
+            if also is not None:
+                also(p)
 
     return scope, progressed

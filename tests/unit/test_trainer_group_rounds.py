@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 
 from node.compute.groups import Group
 from node.compute.train_child import tokenize_prompts
@@ -18,7 +20,9 @@ from node.roles import trainer_group
 from node.roles.sample_queue import SampleQueue
 from node.roles.trainer_group import GroupRounds
 from node.roles.trainer_stats import TrainerStats
-from swarm.errors import NetworkError
+from swarm.errors import NetworkError, PeerError
+from swarm.shardcast import FetchConfig, ShardStore, fetch_version
+from tests.shardcast_util import MemoryPeer, MemorySource, published
 
 
 def test_a_prompt_queued_as_text_is_tokenized_in_the_child(tmp_path: Path) -> None:
@@ -155,6 +159,36 @@ async def test_the_publisher_of_a_lost_version_gives_its_samples_back(tmp_path: 
     rounds = GroupRounds(FakeTrainer(FakeChild({"me": 5}, {5}), 5, {}, q))  # type: ignore[arg-type]
     assert await rounds.give_back_lost() == 2 and q.pending() == 3
     assert await rounds.give_back_lost() == 0
+
+
+async def test_a_fetch_that_gains_nothing_is_cut_though_a_partial_holder_keeps_answering(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The publisher died holding the only copy of a shard: a peer holding the others answers
+    ``have`` again and again, which is no progress. The fetch is cut ``ADOPT_WAIT_S`` after its
+    last shard arrived, and only arrivals count for ``catch_up`` (CI: with every ``have``
+    answer counted, the fetch ran to its own 30 s give-up, and the group's failover after
+    kill -9 of the publisher took over 30 s)."""
+    _, signed, store = published(tmp_path)
+    data = (store.directory(1) / "data").read_bytes()
+    n = len(signed.message.shard_hashes)
+    holder = MemoryPeer(data, signed.raw, held=set(range(n - 1)))
+    source = MemorySource({"holder": holder}, signed.message)
+    config = FetchConfig(have_refresh=0.5, give_up_after=30.0, durable=False)
+    receiver = ShardStore(tmp_path / "receiver")
+    for gains in (True, False):  # then again, resumed: the shards on disk are no arrival
+        arrived: list[object] = []
+        scope, progressed = trainer_group._cut_when_idle(trainer_group.ADOPT_WAIT_S, arrived.append)
+        start = trio.current_time()
+        with scope:
+            await fetch_version(
+                receiver, signed, source, ["holder"], config=config, on_progress=progressed
+            )
+        assert scope.cancelled_caught
+        assert trio.current_time() - start <= trainer_group.ADOPT_WAIT_S + 1
+        assert bool(arrived) == gains
+    with pytest.raises(PeerError, match="1 shards missing"):  # uncut: the fetch's own give-up
+        await fetch_version(receiver, signed, source, ["holder"], config=config)
 
 
 async def _no_sleep(_seconds: float) -> None:
