@@ -8,7 +8,7 @@ and a lookup asks only the peers closest now (``_grown``; without it, on 25 loop
 some never found a trainer that joined before them: docs/BENCHMARKS.md, Scale). Discovery
 runs every ``discover_every_s`` (3 s), each role on its own pace: a role's lookups back off to
 8x while nothing new of it turns up, and to 32x once it is settled (every trainer, or every
-validator, the genesis names known with a fresh advert; ``enough_peers`` of an open role).
+validator, the genesis names known with a fresh advert) or, for an open role, at once.
 One more peer of a role we know ``enough_peers`` of does not bring the base pace back
 (``hurry``).
 Lookups go the other way: providers of a role's key, then each provider's advert, checked
@@ -348,7 +348,7 @@ class Membership:
             # (tests/integration/test_connection_bounds.py).
             after = self._role_counts()
             for role in due:
-                most = QUIET_SETTLED if self.settled(role) else QUIET_SEARCHING
+                most = QUIET_SETTLED if self._may_rest(role) else QUIET_SEARCHING
                 gained = hurry({role: before[role]}, {role: after[role]}, self.config.enough_peers)
                 quiet[role] = 0 if gained else min(quiet[role] + 1, most)
                 next_lookup[role] = trio.current_time() + base * 2 ** quiet[role]
@@ -357,7 +357,7 @@ class Membership:
             while (left := min(next_lookup.values()) - trio.current_time()) > 0:
                 await trio.sleep(min(left, base))
                 for role in RUN_ROLES:
-                    if quiet[role] > QUIET_SEARCHING and not self.settled(role):
+                    if quiet[role] > QUIET_SEARCHING and not self._may_rest(role):
                         quiet[role] = QUIET_SEARCHING
                         next_lookup[role] = trio.current_time()
 
@@ -377,6 +377,16 @@ class Membership:
             return self._role_counts()[role] >= self.config.enough_peers
         return all(self._fresh(p) for p in servers - {self.key.peer_id})
 
+    def _may_rest(self, role: Role) -> bool:
+        """May ``role``'s lookups back off past 8x (to 32x) while they find nothing new: a
+        settled role, or an open one whatever we know of it. A swarm holding fewer than
+        ``enough_peers`` inference nodes never settles that role, and its lookups (each
+        answer carrying every provider's signed peer record, checked here) were the largest
+        share of an idle node's loop (``bench/idle.py --profile``, N = 25: 0.83 s of 3.0 s);
+        a role that gains a peer is searched at the base pace again (``hurry``). Trainers and
+        validators are few and each is needed: searched at 8x until found."""
+        return role not in GENESIS_ROLES or self.settled(role)
+
     def _role_counts(self) -> dict[str, int]:
         counts: dict[str, int] = dict.fromkeys(RUN_ROLES, 0)
         for signed in self._peers.values():
@@ -387,7 +397,7 @@ class Membership:
 QUIET_SEARCHING = 3
 """A role's lookups back off to ``discover_every_s * 2**QUIET_SEARCHING`` (8x) while it is not
 settled (a genesis trainer or validator still unknown), and to ``2**QUIET_SETTLED`` (32x) once
-it is (``Membership.settled``)."""
+it is (``Membership.settled``), or at once for an open role (``Membership._may_rest``)."""
 QUIET_SETTLED = 5
 ENOUGH_PEERS = 32
 """Peers of one role past which finding one more does not quicken discovery: what a node

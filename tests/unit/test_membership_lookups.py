@@ -151,8 +151,11 @@ def test_a_trainer_whose_advert_was_not_found_is_looked_up_every_round() -> None
 def test_each_role_slows_on_its_own_pace_and_a_settled_one_to_32x() -> None:
     """The trainer known with a fresh advert: its role settles at 32x (connected or not: a
     trainer with bounded connections trims most of a swarm). The genesis validator never
-    came: its role stays at 8x, without holding the other roles at that pace. Once the
-    trainer's advert is past half its life, its role is searched again within a base step."""
+    came: its role stays at 8x, without holding the other roles at that pace. Inference
+    nodes (an open role) back off to 32x while nothing new turns up, though fewer than
+    ``enough_peers`` are known (a swarm that small never settles the role), and a new one
+    found brings the base pace back. Once the trainer's advert is past half its life, its
+    role is searched again within a base step."""
     trainer, validator = NodeKey.generate(), NodeKey.generate()
     overlay = FakeOverlay([], set(), {}, trainers=[trainer.peer_id])
     me = NodeKey.generate()
@@ -166,10 +169,15 @@ def test_each_role_slows_on_its_own_pace_and_a_settled_one_to_32x() -> None:
     )
     m._peers = {trainer.peer_id: advert(trainer, "trainer")}
     rounds: dict[str, list[float]] = {"trainer": [], "validator": [], "inference": []}
+    joins: list[NodeKey] = []  # an inference node that the next lookup of the role finds
 
     async def discover(roles: Any) -> dict[str, list[str]]:
         for role in roles:
             rounds[role].append(trio.current_time())
+        if "inference" in roles:
+            for key in joins:
+                m._peers[key.peer_id] = advert(key)
+            joins.clear()
         return {}
 
     async def nothing() -> None:
@@ -190,7 +198,13 @@ def test_each_role_slows_on_its_own_pace_and_a_settled_one_to_32x() -> None:
             await trio.sleep(1000.0)
             assert max(gaps("trainer")) == base * 2**5  # settled: 96 s between two rounds
             assert max(gaps("validator")) == base * 2**3  # never found: 24 s
-            assert max(gaps("inference")) == base * 2**3  # fewer than enough_peers known
+            assert max(gaps("inference")) == base * 2**5  # nothing new, though few are known
+            joins.append(NodeKey.generate())
+            found_at = trio.current_time()
+            await trio.sleep(400.0)
+            found = [t for t in rounds["inference"] if t > found_at]
+            assert found[1] - found[0] == base  # found one: the base pace again
+            assert max(gaps("inference", found_at)) == base * 2**5
             stale_at = trio.current_time()
             overlay.config.clock = lambda: NOW_MS + 3_600_000 // 2 + 1  # half its life gone
             await trio.sleep(60.0)
