@@ -381,8 +381,9 @@ class Membership:
         """May ``role``'s lookups back off past 8x (to 32x) while they find nothing new: a
         settled role, or an open one whatever we know of it. A swarm holding fewer than
         ``enough_peers`` inference nodes never settles that role, and its lookups (each
-        answer carrying every provider's signed peer record, checked here) were the largest
-        share of an idle node's loop (``bench/idle.py --profile``, N = 25: 0.83 s of 3.0 s);
+        answer carrying every provider's signed peer record, which py-libp2p verifies) were
+        the largest share of an idle node's loop (``bench/idle.py --profile``, N = 25: 0.83 s
+        of 3.0 s);
         a role that gains a peer is searched at the base pace again (``hurry``). Trainers and
         validators are few and each is needed: searched at 8x until found."""
         return role not in GENESIS_ROLES or self.settled(role)
