@@ -196,8 +196,7 @@ def fetch_cmd(
 
     async def main() -> None:
         async with _serving(config, store, data_host, data_port) as (node, service):
-            deadline = trio.current_time() + wait
-            with trio.move_on_after(wait):
+            with trio.move_on_after(wait) as waiting:
                 if only:  # their adverts say how to reach them (relayed addresses too)
                     while not all(node.membership.advert_of(p) for p in only):
                         await trio.sleep(0.2)
@@ -238,7 +237,7 @@ def fetch_cmd(
                         )
                         break
                     except PeerError as exc:
-                        if trio.current_time() + RETRY_S >= deadline:
+                        if trio.current_time() + RETRY_S >= waiting.deadline:
                             raise PeerError(f"{exc} (tried for {wait:g} s: --wait)") from exc
                         bar.console.print(f"[yellow]retrying in {RETRY_S:g} s:[/] {exc}")
                         await trio.sleep(RETRY_S)
