@@ -20,7 +20,8 @@ pickle). Parent side: :class:`TrainerChild`. Requests:
   the node process imports no tokenizer.
 - ``load`` {version, path}: continue from another trainer's published copy of ``version``
   (upcast to float32; where the masters here round to the copy, they are kept: ``keep_masters``).
-- ``discard`` {version}: undo a void round (back to the held weights of ``version``).
+- ``discard`` {version}: undo a void round (back to the held weights of ``version`` and, with
+  training states, to its kept state: the optimizer's moments too, its state file unchanged).
 - ``relabel`` {version}: the current weights become ``version`` (a lost copy republished).
 - ``rollback`` {version} -> {taken, weights}; ``connect`` {addrs}; ``wanted`` {version};
   ``void`` {version}; ``live``; ``record_round`` {version, members}; ``round_members``
@@ -300,15 +301,31 @@ class _Training:
                 self.served = digest(served)
         return str(path)
 
-    def _settle(self) -> str:
+    def _settle(self, *, again: bool = True) -> str:
         """After a change of version: the checkpoint, the version's weights file and its
-        training state."""
+        training state (``again=False``: the state file kept is the current state)."""
         if self.group is not None:
             self.group.version = self.grpo.version
         self.grpo.save_checkpoint(self.checkpoint)
         path = self._write(self.grpo.version)
-        self._keep_state()
+        self._keep_state(again=again)
         return path
+
+    def _restore_state(self, version: int) -> bool:
+        """Put the kept training state of ``version`` (weights and AdamW moments) back into the
+        model and the optimizer: a void round is found after its step, and undoing its weights
+        alone would leave its gradient in the moments, so the state file of ``version``, which
+        a published record committed to, would be rewritten with other bytes. False when no
+        state of ``version`` is kept (no states: a sharded trainer, or one without audits)."""
+        if self.states is None:
+            return False
+        path = self.states / f"s{version}.safetensors"
+        if not path.exists():
+            return False
+        from node.compute.train_state import load_state, read_state
+
+        load_state(self.grpo.model, self.grpo.optimizer, read_state(path), self.tied)
+        return True
 
     def _keep_state(self, *, again: bool = True) -> None:
         """Write the current version's training state (``states/s<N>.safetensors``), keep its
@@ -402,10 +419,15 @@ class _Training:
             self._settle()
             return None
         if op == "discard":
-            undone = self.grpo.version
-            self.grpo.undo(int(args["version"]))
+            undone, version = self.grpo.version, int(args["version"])
+            self.grpo.undo(version)
             (self.policies / f"v{undone}.safetensors").unlink(missing_ok=True)
-            self._settle()
+            # The void step moved the optimizer too: back to the state kept for ``version``,
+            # whose file its record's ``state_after`` names (an auditor may fetch it later).
+            kept = self._restore_state(version)
+            if self.states is not None:  # no record commits to the undone step's state
+                (self.states / f"s{undone}.safetensors").unlink(missing_ok=True)
+            self._settle(again=not kept)
             return None
         if op == "relabel":
             self.grpo.relabel(int(args["version"]))

@@ -174,3 +174,26 @@ def test_a_replay_of_a_state_that_is_not_there_is_a_clear_error(tmp_path: Path) 
     assert (
         update_error({"w/a": torch.ones(2)}, {"w/a": torch.ones(2)}, {"w/a": torch.zeros(2)}) == 0
     )
+
+
+def test_a_void_round_undone_leaves_the_committed_state_as_it_was(tmp_path: Path) -> None:
+    """A group's round is found void after its step (two groups formed, a member's failed
+    attempt voided it): the step is undone (``discard``) and run again. The state of the version
+    stepped from is the one its record committed to (``state_after``) and an auditor may fetch it
+    after the undo: it must not change, and the round run again must start from it (its
+    ``state_before``), as if the void step had never been."""
+    child = TrainerChild(spec(tmp_path))
+    try:
+        recorded = child.step(batch(0, seed=3), 0, seed=1)  # v1: published, its record signed
+        committed = recorded["state"]["after"]
+        assert digest(read_state(tmp_path / "states/s1.safetensors")) == committed
+        void = child.step(batch(1, seed=4), 1, seed=2)  # the round to v2, void: undone
+        child.discard(1)
+        served = digest(read_state(tmp_path / "states/s1.safetensors"))
+        assert served == committed, "the undo rewrote the committed state of v1"
+        assert not (tmp_path / "states/s2.safetensors").exists()  # no record commits to it
+        again = child.step(batch(1, seed=4), 1, seed=2)  # the same round, run again
+    finally:
+        child.close()
+    assert again["state"]["before"] == committed
+    assert again["state"]["after"] == void["state"]["after"]  # the void step left no trace
