@@ -9,6 +9,8 @@ its docstring lists what it copies and what it simplifies). Decisions owned here
 
 - held out: ``heldout`` calibrates on the smallest run and checks every other size
   (``sim_heldout_error``: the largest error of announcement p95 and copy p95 there);
+  ``--heldout-against OTHER.json`` checks it on the runs of another file instead (another run
+  of the same size counts);
 - calibration: ``calibrate`` takes the N = 100 run's own figures (per-pull serving rates of
   nodes and origin, shard size, parallel sources, gossip degree, per-hop gossip latency,
   connections per node) and fits one: the capacity of the machine that hosts every node, from
@@ -204,8 +206,15 @@ def check(params: SimParams, runs: dict[str, Any], seeds: int = 3) -> dict[str, 
     return out
 
 
-def heldout(runs: dict[str, Any], fit_on: str | None = None, seeds: int = 3) -> dict[str, Any]:
-    """Calibrate on one run and check the model on every other (sizes it was not fitted on).
+def heldout(
+    runs: dict[str, Any],
+    fit_on: str | None = None,
+    seeds: int = 3,
+    against: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Calibrate on one run and check the model on every other (sizes it was not fitted on),
+    or on ``against``: other measured runs (another run of the same N counts: a new swarm,
+    its keys, ports and timings its own, whose p95s the fit never saw).
 
     ``fit_on``: the N to fit on; default the smallest run whose copy reached 95% of its nodes
     (the host's capacity is fitted from it, the per-hop latency from its announcement p50).
@@ -216,7 +225,11 @@ def heldout(runs: dict[str, Any], fit_on: str | None = None, seeds: int = 3) -> 
     reached = [k for k in runs if math.isfinite(float(runs[k]["shards_p95_s"]))]
     key = fit_on or min(reached or runs, key=int)
     params = calibrate(runs[key])
-    checked = check(params, {k: r for k, r in runs.items() if k != key}, seeds)
+    if against is None:
+        others = {k: r for k, r in runs.items() if k != key}
+    else:
+        others = {k: {"nodes": int(k), **r} for k, r in _runs(against).items()}
+    checked = check(params, others, seeds)
     errors = [
         e
         for c in checked.values()
@@ -226,6 +239,7 @@ def heldout(runs: dict[str, Any], fit_on: str | None = None, seeds: int = 3) -> 
     return {
         "fit_on_n": int(key),
         "held_out_n": sorted(int(k) for k in checked),
+        "held_out": "other sizes" if against is None else "other runs",
         "check": checked,
         "sim_heldout_error": max(errors) if errors else None,
     }
@@ -452,6 +466,26 @@ def print_report(result: dict[str, Any]) -> None:
     console.print(table)
 
 
+def print_heldout(held: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"fitted on N = {held['fit_on_n']}, checked on {held['held_out']}")
+    for col in ("N", "announce p95 meas/sim", "copy p95 meas/sim", "error"):
+        table.add_column(col)
+    for key, c in held["check"].items():
+        m, s = c["measured"], c["simulated"]
+        table.add_row(
+            key,
+            f"{m['announce_p95_s']:.2f} / {s['announce_p95_s']:.2f} s",
+            f"{m['shards_p95_s']:.2f} / {s['shards_p95_s']:.2f} s",
+            f"announce {c['announce_p95_error']}, copy {c['shards_p95_error']}",
+        )
+    console = Console()
+    console.print(table)
+    console.print(f"sim_heldout_error {held['sim_heldout_error']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=Path, help="JSON of bench/scale.py (default: synthetic runs)")
@@ -462,8 +496,26 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="model the code before issue 17's fixes (no upload slots, every peer a source)",
     )
+    ap.add_argument(
+        "--heldout-against",
+        type=Path,
+        metavar="PATH",
+        help="only the held-out check: fit on --runs (its smallest N that reached 95%%, or"
+        " --fit-on) and check every run of this other bench/scale.py JSON (another run of the"
+        " same sizes counts)",
+    )
+    ap.add_argument("--fit-on", help="the N of --runs to fit on (with --heldout-against)")
     args = ap.parse_args(argv)
     runs = json.loads(args.runs.read_text()) if args.runs else {"runs": SYNTHETIC_RUNS}
+    if args.heldout_against is not None:
+        if not args.runs:
+            print("error: --heldout-against needs --runs (the run to fit on)", file=sys.stderr)
+            return 2
+        held = heldout(runs, args.fit_on, against=json.loads(args.heldout_against.read_text()))
+        print_heldout(held)
+        if args.json:
+            args.json.write_text(json.dumps(held, indent=2, default=str))
+        return 0
     if not _runs(runs):
         print(
             "error: no run to calibrate on in that file; run bench/scale.py --json PATH first",

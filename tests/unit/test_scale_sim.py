@@ -156,3 +156,22 @@ def test_the_held_out_check_fits_on_one_size_and_reports_only_the_others() -> No
         if e is not None
     ]
     assert held["sim_heldout_error"] == max(errors) and len(errors) == 3
+
+
+def test_the_held_out_check_against_other_runs_compares_every_run_of_them(tmp_path: Path) -> None:
+    """Fitted on one file's run, checked on another file's runs, the same N included (another
+    swarm of that size, whose p95s the fit never saw); the CLI says what was held out."""
+    fitted = {"runs": {"25": dict(sim.SYNTHETIC_RUNS["25"])}}
+    other = {"runs": {k: dict(v) for k, v in sim.SYNTHETIC_RUNS.items() if k in ("25", "50")}}
+    other["runs"]["25"]["announce_p95_s"] *= 2  # the other run of N = 25 differs
+    held = sim.heldout(fitted, against=other)
+    assert held["fit_on_n"] == 25 and held["held_out_n"] == [25, 50]
+    assert held["held_out"] == "other runs"
+    assert held["check"]["25"]["announce_p95_error"] > 0
+    (tmp_path / "a.json").write_text(json.dumps(fitted))
+    (tmp_path / "b.json").write_text(json.dumps(other))
+    out = tmp_path / "held.json"
+    args = ["--runs", str(tmp_path / "a.json"), "--heldout-against", str(tmp_path / "b.json")]
+    assert sim.main([*args, "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["sim_heldout_error"] == held["sim_heldout_error"]
+    assert sim.main(["--heldout-against", str(tmp_path / "b.json")]) == 2  # nothing to fit on
