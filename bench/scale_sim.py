@@ -408,25 +408,7 @@ def print_report(result: dict[str, Any]) -> None:
     title = "model vs measured" + (
         " (SYNTHETIC calibration)" if result["synthetic_calibration"] else ""
     )
-    table = Table(title=title)
-    for col in (
-        "N",
-        "announce p95 meas/sim",
-        "shards p95 meas/sim",
-        "origin share meas/sim",
-        "error",
-    ):
-        table.add_column(col)
-    for key, c in result["check"].items():
-        m, s = c["measured"], c["simulated"]
-        table.add_row(
-            key,
-            f"{m['announce_p95_s']:.2f} / {s['announce_p95_s']:.2f} s",
-            f"{m['shards_p95_s']:.2f} / {s['shards_p95_s']:.2f} s",
-            f"{m['origin_share']:.2f} / {s['origin_share']:.2f}",
-            f"shards {c['shards_p95_error']}, announce {c['announce_p95_error']}",
-        )
-    console.print(table)
+    console.print(_check_table(title, result["check"]))
     held = result.get("heldout")
     if held:
         console.print(
@@ -466,23 +448,37 @@ def print_report(result: dict[str, Any]) -> None:
     console.print(table)
 
 
-def print_heldout(held: dict[str, Any]) -> None:
-    from rich.console import Console
+def _check_table(title: str, checked: dict[str, Any]) -> Any:
+    """``check``'s result as a table: measured against simulated, by N."""
     from rich.table import Table
 
-    table = Table(title=f"fitted on N = {held['fit_on_n']}, checked on {held['held_out']}")
-    for col in ("N", "announce p95 meas/sim", "copy p95 meas/sim", "error"):
+    table = Table(title=title)
+    for col in (
+        "N",
+        "announce p95 meas/sim",
+        "shards p95 meas/sim",
+        "origin share meas/sim",
+        "error",
+    ):
         table.add_column(col)
-    for key, c in held["check"].items():
+    for key, c in checked.items():
         m, s = c["measured"], c["simulated"]
         table.add_row(
             key,
             f"{m['announce_p95_s']:.2f} / {s['announce_p95_s']:.2f} s",
             f"{m['shards_p95_s']:.2f} / {s['shards_p95_s']:.2f} s",
-            f"announce {c['announce_p95_error']}, copy {c['shards_p95_error']}",
+            f"{m['origin_share']:.2f} / {s['origin_share']:.2f}",
+            f"shards {c['shards_p95_error']}, announce {c['announce_p95_error']}",
         )
+    return table
+
+
+def print_heldout(held: dict[str, Any]) -> None:
+    from rich.console import Console
+
     console = Console()
-    console.print(table)
+    title = f"fitted on N = {held['fit_on_n']}, checked on {held['held_out']}"
+    console.print(_check_table(title, held["check"]))
     console.print(f"sim_heldout_error {held['sim_heldout_error']}")
 
 
