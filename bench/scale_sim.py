@@ -221,14 +221,13 @@ def heldout(
     ``sim_heldout_error``: the largest relative error, over the held-out runs, of the simulated
     announcement p95 and copy p95 against the measured ones (a figure a run did not reach is
     not compared)."""
-    runs = {k: {"nodes": int(k), **r} for k, r in _runs(runs).items()}
+    runs = _with_n(runs)
     reached = [k for k in runs if math.isfinite(float(runs[k]["shards_p95_s"]))]
     key = fit_on or min(reached or runs, key=int)
     params = calibrate(runs[key])
-    if against is None:
-        others = {k: r for k, r in runs.items() if k != key}
-    else:
-        others = {k: {"nodes": int(k), **r} for k, r in _runs(against).items()}
+    others = (
+        _with_n(against) if against is not None else {k: r for k, r in runs.items() if k != key}
+    )
     checked = check(params, others, seeds)
     errors = [
         e
@@ -251,6 +250,11 @@ def _runs(given: dict[str, Any]) -> dict[str, Any]:
         return {str(given.get("nodes", 100)): given}
     runs: dict[str, Any] = given.get("runs", given)
     return runs
+
+
+def _with_n(given: dict[str, Any]) -> dict[str, Any]:
+    """``_runs(given)`` with each run's ``nodes`` set from its key."""
+    return {k: {"nodes": int(k), **r} for k, r in _runs(given).items()}
 
 
 def home_params(calibrated: SimParams, **changes: Any) -> SimParams:
