@@ -20,7 +20,10 @@ import contextlib
 import logging
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
+
+import trio
 
 from node.roles.judge import OTHER_SUBMISSION
 from node.runtime import Node
@@ -34,6 +37,7 @@ log = logging.getLogger(__name__)
 
 MAX_CLOSURE = 16
 """At most this many objects fetched by one ``keep`` (a verdict and its few submissions)."""
+NOT_HELD = "not held"
 SUMMARIZED = "summarized"
 _SUMMARY = re.compile(rf"{SUMMARIZED} ([a-z-]{{1,40}}) (\d{{1,12}}) (\d{{1,12}})$")
 
@@ -62,6 +66,17 @@ def cited(signed: Signed[Any]) -> list[bytes]:
     return []
 
 
+@dataclass
+class Lookup:
+    """What asking for one object found: the object, else who said they do not hold it
+    (``denied``: an answer) and who gave no answer (``silent``: unreachable, timed out, reset,
+    busy, or holding only a summary). Only a denial is evidence that an object is unknown."""
+
+    signed: Signed[Any] | None = None
+    denied: set[str] = field(default_factory=set)
+    silent: dict[str, str] = field(default_factory=dict)
+
+
 class EvidenceService:
     def __init__(self, node: Node, store: EvidenceStore) -> None:
         self.node = node
@@ -80,7 +95,7 @@ class EvidenceService:
             summary = self.store.summary(body)
             if summary is not None:
                 raise PeerError(f"{SUMMARIZED} {summary.kind} {summary.size} {summary.seen}")
-            raise PeerError("not held")
+            raise PeerError(NOT_HELD)
         self.served += 1
         return raw
 
@@ -94,26 +109,57 @@ class EvidenceService:
     async def fetch(self, object_id: bytes, peers: Iterable[str] = ()) -> Signed[Any] | None:
         """The envelope ``object_id``: from our store, else from ``peers`` and the other
         holders in turn (checked against the id); None when nobody serves it."""
+        return (await self.lookup(object_id, peers)).signed
+
+    async def lookup(
+        self, object_id: bytes, peers: Iterable[str] = (), *, tries: int = 1, pause: float = 1.0
+    ) -> Lookup:
+        """``fetch`` that says why nothing came: each holder that gave no answer is asked again,
+        up to ``tries`` rounds in all, ``pause`` seconds apart (doubling). A caller that
+        would accuse someone of citing an unknown object needs the denials, not the silence:
+        one dropped connection is no evidence (docs/RELIABILITY.md, "Training audit")."""
         raw = self.store.get(object_id)
         if raw is not None:
-            return decode_any(raw)
-        for peer in self.holders(peers):
-            try:
-                raw = await self.node.request(peer, EVIDENCE, object_id, EVIDENCE_LIMITS)
-                if address_of(raw) != object_id:
-                    raise PeerError(f"{peer} answered {object_id.hex()[:16]} with other bytes")
-                signed = decode_any(raw)
-            except SwarmError as exc:
-                log.debug("evidence %s not from %s: %s", object_id.hex()[:16], peer[-8:], exc)
-                summary = summary_of(object_id, str(exc)) if type(exc) is PeerError else None
+            return Lookup(decode_any(raw))
+        found = Lookup()
+        asking = self.holders(peers)
+        for attempt in range(tries):
+            if attempt:
+                await trio.sleep(pause * 2 ** (attempt - 1))
+            for peer in asking:
+                signed, why = await self._ask(peer, object_id)
+                if signed is not None:
+                    self.fetched += 1
+                    found.signed = signed
+                    return found
+                if why == NOT_HELD:
+                    found.denied.add(peer)
+                    found.silent.pop(peer, None)
+                else:
+                    found.silent[peer] = why
+            asking = list(found.silent)
+            if not asking:
+                break
+        return found
+
+    async def _ask(self, peer: str, object_id: bytes) -> tuple[Signed[Any] | None, str]:
+        """One holder's answer: the object, else why not (``NOT_HELD`` for a denial)."""
+        try:
+            raw = await self.node.request(peer, EVIDENCE, object_id, EVIDENCE_LIMITS)
+            if address_of(raw) != object_id:
+                raise PeerError(f"{peer} answered {object_id.hex()[:16]} with other bytes")
+            return decode_any(raw), ""
+        except SwarmError as exc:
+            log.debug("evidence %s not from %s: %s", object_id.hex()[:16], peer[-8:], exc)
+            if type(exc) is PeerError:
+                summary = summary_of(object_id, str(exc))
                 if summary is not None:
                     self.store.note_summary(summary)
-                if type(exc) is NetworkError:  # no stream at all: dial afresh next time
-                    await self.node.forget_peer(peer)
-                continue
-            self.fetched += 1
-            return signed
-        return None
+                elif str(exc).endswith(f": {NOT_HELD}"):  # the holder's refusal (``request``)
+                    return None, NOT_HELD
+            if type(exc) is NetworkError:  # no stream at all: dial afresh next time
+                await self.node.forget_peer(peer)
+            return None, str(exc)
 
     async def keep(
         self,

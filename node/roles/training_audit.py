@@ -52,7 +52,7 @@ import trio
 
 from node.compute.train_child import ReplayChild
 from node.model import model_info
-from node.roles.evidence import EvidenceService
+from node.roles.evidence import NOT_HELD, EvidenceService, Lookup
 from node.roles.trainer_records import STATE_CHUNK, STATE_LIMITS, groups_of, step_config
 from node.run import TaskSource
 from node.runtime import Node
@@ -78,6 +78,10 @@ trainer's 1) gives the same bits on the embedded model and on a 512-wide one (er
 bench/train_audit.py), a tenfold learning rate is 9 updates away; no other CPU or GPU was at
 hand, so the bound is a stated margin (float32 reduction orders move a sum by about 1e-7
 relative), not a measured spread (docs/RELIABILITY.md, "Training audit")."""
+
+ASK_TRIES = 3
+"""Rounds of asking the holders that gave no answer for a cited object (1 s, then 2 s apart)
+before the audit says it could not check it."""
 
 GRPO_NUMBERS = (
     "learning_rate",
@@ -196,16 +200,27 @@ class StepAuditor:
 
     async def cited_work(
         self, record: Signed[TrainingRecord]
-    ) -> tuple[list[tuple[Signed[RolloutSubmission], Signed[Verdict]]], list[Finding]]:
-        """The cited (submission, verdict) pairs, each checked; findings for those that fail."""
+    ) -> tuple[list[tuple[Signed[RolloutSubmission], Signed[Verdict]]], list[Finding], list[str]]:
+        """The cited (submission, verdict) pairs, each checked; findings for those that fail;
+        and why a cited object could not be checked (a holder gave no answer, asked
+        ``ASK_TRIES`` times; or a verdict's submission nobody serves). A verdict is
+        ``unknown-verdict`` only when every genesis validator answered that it does not hold
+        it: silence is no evidence."""
         r = record.message
         g = self.genesis.message
         pairs: list[tuple[Signed[RolloutSubmission], Signed[Verdict]]] = []
         findings: list[Finding] = []
+        unchecked: list[str] = []
+        validators = [p for p in g.validators if p != self.node.peer_id]
         for verdict_id, sample_version in zip(r.verdicts, r.sample_versions, strict=True):
             short = verdict_id.hex()[:16]
-            verdict = await self.evidence.fetch(verdict_id, list(g.validators))
+            found = await self.evidence.lookup(verdict_id, validators, tries=ASK_TRIES)
+            verdict = found.signed
             if verdict is None or not isinstance(verdict.message, Verdict):
+                silent = [p for p in validators if p not in found.denied]
+                if verdict is None and silent:
+                    unchecked.append(_unanswered(f"cited verdict {short}", silent, found))
+                    continue
                 findings.append(
                     Finding(
                         "unknown-verdict",
@@ -223,15 +238,13 @@ class StepAuditor:
                     Finding("not-accepted", f"cited verdict {short} {why}", (verdict_id,))
                 )
                 continue
-            submission = await self.evidence.fetch(v.submission_id, [verdict.signer])
+            found = await self.evidence.lookup(v.submission_id, [verdict.signer], tries=ASK_TRIES)
+            submission = found.signed
             if submission is None or not isinstance(submission.message, RolloutSubmission):
-                findings.append(
-                    Finding(
-                        "unknown-verdict",
-                        f"the submission of cited verdict {short} is held by no one reached",
-                        (verdict_id,),
-                    )
-                )
+                # A genesis validator's acceptance is the trainer's licence to train on the
+                # work: a submission its holders lost stops the replay, it convicts nobody.
+                what = f"the submission of cited verdict {short}"
+                unchecked.append(_unanswered(what, [verdict.signer], found))
                 continue
             made_by = submission.message.policy_version
             if made_by != sample_version or not r.min_version <= made_by <= r.parent:
@@ -245,7 +258,7 @@ class StepAuditor:
                 )
                 continue
             pairs.append((submission, verdict))
-        return pairs, findings
+        return pairs, findings, unchecked
 
     # -- fetching the state ---------------------------------------------------------------------
 
@@ -325,10 +338,13 @@ class StepAuditor:
                 missing.append(version)
             else:
                 old[str(version)] = str(path)
-        pairs, bad = await self.cited_work(record)
+        pairs, bad, unchecked = await self.cited_work(record)
         out.findings += bad
         if out.findings:
             return out
+        if unchecked:
+            more = f" (and {len(unchecked) - 1} more)" if len(unchecked) > 1 else ""
+            return self._not(out, unchecked[0] + more)
         if published is None:
             return self._not(out, f"v{r.version} was never announced, or no peer serves it")
         if missing:
@@ -687,3 +703,13 @@ def decode_receipts(raws: Iterable[Any]) -> list[Signed[SampleReceipt]]:
             except SwarmError:
                 continue
     return out
+
+
+def _unanswered(what: str, asked: Sequence[str], found: Lookup) -> str:
+    """Why ``what`` could not be checked: each holder's answer, or why it gave none."""
+
+    def answer(peer: str) -> str:
+        return NOT_HELD if peer in found.denied else found.silent.get(peer, "not asked")[:120]
+
+    whys = "; ".join(f"{p[-8:]}: {answer(p)}" for p in asked)
+    return f"{what} was not served ({whys})"

@@ -2,7 +2,8 @@
 id; an unknown id or a malformed request is refused with a reason; bytes that do not hash to the
 asked id are never kept, and the asker moves on to the next holder; an id a budget summarized is
 refused as such and the summary recorded by the asker; ``keep`` follows what a
-slash cites (its verdict, the verdict's submission, the other submission of an equivocation)."""
+slash cites (its verdict, the verdict's submission, the other submission of an equivocation);
+``lookup`` tells a holder's denial from its silence and asks the silent ones again."""
 
 from __future__ import annotations
 
@@ -83,6 +84,33 @@ async def test_evidence_is_served_by_id_checked_and_followed(tmp_path: Path) -> 
         assert got is not None and got.id == copy.id
         assert first.id not in fetcher.store  # the liar's bytes were not kept
         assert await fetcher.fetch(b"\x01" * 32, [liar.peer_id, holder.peer_id]) is None
+
+        # A denial is an answer; other bytes, a busy refusal or no host at all are silence
+        # (an audit may not call an object unknown on them), and the silent are asked again.
+        nobody = key_named("evidence-nobody").peer_id
+        found = await fetcher.lookup(
+            b"\x01" * 32, [liar.peer_id, holder.peer_id, nobody], tries=2, pause=0.01
+        )
+        assert found.signed is None and found.denied == {holder.peer_id}
+        assert set(found.silent) == {liar.peer_id, nobody}
+        assert "other bytes" in found.silent[liar.peer_id]
+        calls = []
+        only_liar = sign(_submission(run_id, 5), WORKER)
+
+        async def busy_once(peer: str, body: bytes) -> bytes:
+            calls.append(body)
+            if len(calls) == 1:
+                raise PeerError("busy: try again")
+            return only_liar.raw
+
+        liar.handle(EVIDENCE, busy_once, EVIDENCE_LIMITS)
+        late = EvidenceService(asker, EvidenceStore(tmp_path / "late.db"))
+        found = await late.lookup(only_liar.id, [liar.peer_id], tries=1)
+        assert found.signed is None and "busy" in found.silent[liar.peer_id], found
+        calls.clear()
+        found = await late.lookup(only_liar.id, [liar.peer_id], tries=2, pause=0.01)
+        assert found.signed is not None and found.signed.id == only_liar.id, found
+        assert len(calls) == 2 and holder.peer_id in found.denied
 
         # Keeping a slash's evidence follows what it cites, and pins it.
         held = await fetcher.keep(

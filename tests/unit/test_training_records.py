@@ -271,6 +271,63 @@ def test_a_record_whose_numbers_are_not_the_genesis_is_wrong_params(tmp_path: Pa
     assert finding.reason == "outside-window" and "below v2" in finding.detail
 
 
+async def test_a_cited_verdict_is_unknown_only_when_every_validator_denies_it(
+    tmp_path: Path,
+) -> None:
+    """Silence (a dropped connection, a timeout) leaves the verdict unchecked, never disputed:
+    the CI run of 2026-12-06 disputed an honest step when one evidence request failed."""
+    from node.model import DEFAULT_MODEL_DIR
+    from node.roles.evidence import NOT_HELD, Lookup
+    from node.roles.training_audit import StepAuditor
+    from node.run import create_genesis
+    from node.tasks.suite import default_suite
+
+    other = NodeKey.from_seed(b"\x56" * 32)
+    genesis = create_genesis(
+        NodeKey.from_seed(b"\x54" * 32),
+        name="cited",
+        trainers=[TRAINER.peer_id],
+        validators=[VALIDATOR.peer_id, other.peer_id],
+        params=RunParams(),
+        created_at=1,
+    )
+    answers: dict[str, str] = {}
+    asked: list[tuple[list[str], int]] = []
+
+    class Evidence:
+        async def lookup(self, object_id: bytes, peers: Any, *, tries: int = 1) -> Lookup:
+            asked.append((list(peers), tries))
+            found = Lookup()
+            for peer, answer in answers.items():
+                if answer == NOT_HELD:
+                    found.denied.add(peer)
+                else:
+                    found.silent[peer] = answer
+            return found
+
+    # The auditor is one of the validators: it asks only the other one.
+    node = SimpleNamespace(config=SimpleNamespace(genesis=genesis), peer_id=VALIDATOR.peer_id)
+    auditor = StepAuditor(
+        node,  # type: ignore[arg-type]
+        Evidence(),  # type: ignore[arg-type]
+        default_suite(),
+        DEFAULT_MODEL_DIR,
+        tmp_path,
+        None,  # type: ignore[arg-type]
+        chat_template=False,
+    )
+    cites = record(5, [b"\x09" * 32], min_version=3)
+    answers[other.peer_id] = f"{other.peer_id} did not answer evidence within 30 s"
+    pairs, findings, unchecked = await auditor.cited_work(cites)
+    assert (pairs, findings) == ([], [])
+    (why,) = unchecked
+    assert "was not served" in why and "within 30 s" in why, why
+    assert asked == [([other.peer_id], 3)]
+    answers[other.peer_id] = NOT_HELD
+    pairs, findings, unchecked = await auditor.cited_work(cites)
+    assert [f.reason for f in findings] == ["unknown-verdict"] and unchecked == []
+
+
 def commitment(key: NodeKey, verdicts: list[bytes], *, version: int = 5, run: str = RUN) -> bytes:
     return sign(
         GradientCommitment(
