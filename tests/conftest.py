@@ -58,21 +58,41 @@ CPU_BOUND = (
 measured with vmstat beside a serial run (docs/BENCHMARKS.md, "The test suite's time"): under
 ``--dist loadgroup`` (``scripts/test`` on two cores or more) they run one after another,
 first, on one worker, while the other worker runs the rest, which mostly wait on the network
-(half of both cores idle). Measured at ``cceb7d3``: the two workers then finished
-within 6 s of each other (549 s and 543 s), so no other split would be shorter."""
+(half of both cores idle)."""
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to under ``--dist loadgroup``: every CPU-bound test
+    together, else its module (its module-scoped swarm set up once)."""
+    path = nodeid.split("::")[0]
+    return "cpu-bound" if path.startswith(CPU_BOUND) else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` by ``work_unit``. pytest-xdist 3.8's own grouping (``xdist_group``
+    marks) appends the group to ``item._nodeid``, which pytest 9 no longer reads
+    (``Node.nodeid`` is ``str(item._id)``): under the pinned pair every test was a unit of its
+    own, and the CPU-bound tests ran on both workers at once (found 2026-12-06: the CPU-bound
+    training tests failed beside each other). The scheduler groups by the node id itself,
+    which needs nothing from the workers."""
+    if config.getoption("dist", default=None) != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's ``loadgroup``: the CPU-bound tests are one unit of work, scheduled
-    first; every other module is a unit of its own (its module-scoped swarm set up once)."""
-    if config.getoption("dist", default=None) != "loadgroup":
-        return
-    for item in items:
-        path = item.nodeid.split("::")[0]
-        cpu = path.startswith(CPU_BOUND)
-        item.add_marker(pytest.mark.xdist_group("cpu-bound" if cpu else path))
-    items.sort(key=lambda item: not item.nodeid.startswith(CPU_BOUND))  # stable: files kept
+    """Under ``loadgroup`` the CPU-bound tests come first (the scheduler hands out units in
+    collection order). Collection runs in the workers, where pytest-xdist keeps
+    ``option.loadgroup`` (it sets ``dist`` to "no" there)."""
+    if getattr(config.option, "loadgroup", False):
+        items.sort(key=lambda item: work_unit(item.nodeid) != "cpu-bound")  # stable: files kept
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
