@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 _QUERY_TIMEOUT_S = 5.0
 _ASK_CLOSEST = 4
+_SETTLE_S = 1.0
+"""How long the other closest peers may still answer a provider lookup after the first did."""
 
 
 class DhtRecords:
@@ -163,27 +165,47 @@ class DhtRecords:
 
         py-libp2p's ``find_providers`` answers from the local store alone as soon as that holds
         any provider, so a node would only ever see peers that joined after it; this asks the
-        peers closest to the key as well, every time.
+        ``_ASK_CLOSEST`` peers closest to the key as well, every time, at once. Once one has
+        answered, the others get ``_SETTLE_S`` more: each of them holds the same records (a
+        provider places its record at the closest peers), and a gone peer behind a NAT that
+        drops our SYN would otherwise cost every lookup the whole ``_QUERY_TIMEOUT_S`` (the
+        NAT test: a worker fetched one version every 5 s, never caught up with a trainer
+        publishing every second, and was never credited again; docs/RELIABILITY.md).
         """
         raw = bytes.fromhex(key)
         store = self.dht.provider_store
         found: dict[str, Any] = {str(p.peer_id): p for p in store.get_providers(raw)}
-        closest = await self._closest(raw)
+        asked = [p for p in (await self._closest(raw))[:_ASK_CLOSEST] if str(p) != self._me]
+        answered = trio.Event()
+        left = len(asked)
 
-        async def ask(peer: Any) -> None:
-            with trio.move_on_after(_QUERY_TIMEOUT_S):
-                try:
-                    providers, _ = await store._get_providers_from_peer_with_closers(peer, raw)
-                except Exception as exc:
-                    log.debug("providers query to %s failed: %s", peer, exc)
-                    return
-                for info in providers or ():
-                    if str(info.peer_id) not in found:
-                        found[str(info.peer_id)] = info
-                        store.add_provider(raw, info)
+        async def ask(peer: Any, nursery: trio.Nursery) -> None:
+            nonlocal left
+            try:
+                with trio.move_on_after(_QUERY_TIMEOUT_S):
+                    try:
+                        providers, _ = await store._get_providers_from_peer_with_closers(peer, raw)
+                    except Exception as exc:
+                        log.debug("providers query to %s failed: %s", peer, exc)
+                        return
+                    for info in providers or ():
+                        if str(info.peer_id) not in found:
+                            found[str(info.peer_id)] = info
+                            store.add_provider(raw, info)
+                    answered.set()
+            finally:
+                left -= 1
+                if left == 0:
+                    nursery.cancel_scope.cancel()  # every peer is done: no settling to wait
 
-        async with trio.open_nursery() as nursery:
-            for peer in closest[:_ASK_CLOSEST]:
-                if str(peer) != self._me:
-                    nursery.start_soon(ask, peer)
+        async def settle(nursery: trio.Nursery) -> None:
+            await answered.wait()
+            await trio.sleep(_SETTLE_S)
+            nursery.cancel_scope.cancel()
+
+        if asked:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(settle, nursery)
+                for peer in asked:
+                    nursery.start_soon(ask, peer, nursery)
         return list(found)[:count]

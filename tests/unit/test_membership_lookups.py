@@ -225,3 +225,58 @@ def test_a_node_with_a_low_mark_of_8_stops_hurrying_at_8_peers() -> None:
     trio.run(m.discover)
     assert overlay.asked == []  # 8 known: the unconnected providers cost a walk each
     assert m.settled("inference")
+
+
+class _ProviderStore:
+    """The closest peers' answers to a provider lookup: (seconds, providers), or None for a
+    peer that never answers (gone behind a NAT that drops our SYN)."""
+
+    def __init__(self, answers: dict[str, tuple[float, list[str]] | None]) -> None:
+        self.answers = answers
+        self.added: list[str] = []
+
+    def get_providers(self, raw: bytes) -> list[Any]:
+        return []
+
+    def add_provider(self, raw: bytes, info: Any) -> None:
+        self.added.append(str(info.peer_id))
+
+    async def _get_providers_from_peer_with_closers(self, peer: str, raw: bytes) -> Any:
+        answer = self.answers[peer]
+        if answer is None:
+            await trio.sleep_forever()
+        assert answer is not None
+        await trio.sleep(answer[0])
+        return [SimpleNamespace(peer_id=p) for p in answer[1]], []
+
+
+async def test_a_provider_lookup_does_not_wait_out_a_gone_peer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from swarm.net import dht_records
+    from swarm.net.dht_records import DhtRecords
+
+    store = _ProviderStore({"near": (0.01, ["x"]), "slow": (0.5, ["y"]), "gone": None})
+    dht = SimpleNamespace(
+        provider_store=store,
+        routing_table=SimpleNamespace(
+            find_local_closest_peers=lambda raw, n: ["near", "slow", "gone", "me"]
+        ),
+    )
+    host = SimpleNamespace(get_id=lambda: "me")
+    records = DhtRecords(host, dht, lambda: NOW_MS, lambda peer: False)
+    started = trio.current_time()
+    assert sorted(await records.find_providers("ab")) == ["x", "y"]
+    took = trio.current_time() - started
+    assert took < dht_records._QUERY_TIMEOUT_S / 2, took  # the first answer, then the settle
+    assert store.added == ["x", "y"]
+
+    # Nobody answers: the query timeout bounds it; everyone done early: no settle to wait.
+    store.answers = {"near": None, "slow": None, "gone": None}
+    started = trio.current_time()
+    assert await records.find_providers("ab") == []
+    assert trio.current_time() - started == dht_records._QUERY_TIMEOUT_S
+    store.answers = {"near": (0.01, ["x"]), "slow": (0.02, []), "gone": (0.03, [])}
+    started = trio.current_time()
+    assert await records.find_providers("ab") == ["x"]
+    assert trio.current_time() - started < 0.1
