@@ -68,6 +68,7 @@ def work_unit(nodeid: str) -> str:
     return "cpu-bound" if path.startswith(CPU_BOUND) else path
 
 
+@pytest.hookimpl(optionalhook=True)  # `-p no:xdist` knows no such hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadgroup`` by ``work_unit``. pytest-xdist 3.8's own grouping (``xdist_group``
     marks) appends the group to ``item._nodeid``, which pytest 9 no longer reads
@@ -88,8 +89,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``loadgroup`` the CPU-bound tests come first (the scheduler hands out units in
-    collection order). Collection runs in the workers, where pytest-xdist keeps
+    """Under ``loadgroup`` the CPU-bound tests come first in collection order. (The scheduler
+    hands out the largest units first, ``--loadscope-reorder``: the CPU-bound unit, with the
+    most tests, leads either way.) Collection runs in the workers, where pytest-xdist keeps
     ``option.loadgroup`` (it sets ``dist`` to "no" there)."""
     if getattr(config.option, "loadgroup", False):
         items.sort(key=lambda item: work_unit(item.nodeid) != "cpu-bound")  # stable: files kept

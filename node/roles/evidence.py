@@ -112,10 +112,17 @@ class EvidenceService:
         return (await self.lookup(object_id, peers)).signed
 
     async def lookup(
-        self, object_id: bytes, peers: Iterable[str] = (), *, tries: int = 1, pause: float = 1.0
+        self,
+        object_id: bytes,
+        peers: Iterable[str] = (),
+        *,
+        tries: int = 1,
+        pause: float = 1.0,
+        retry: Iterable[str] | None = None,
     ) -> Lookup:
-        """``fetch`` that says why nothing came: each holder that gave no answer is asked again,
-        up to ``tries`` rounds in all, ``pause`` seconds apart (doubling). A caller that
+        """``fetch`` that says why nothing came: each holder that gave no answer (of ``retry``,
+        when given: the ones whose answer matters) is asked again, up to ``tries`` rounds in
+        all, ``pause`` seconds apart (doubling). A caller that
         would accuse someone of citing an unknown object needs the denials, not the silence:
         one dropped connection is no evidence (docs/RELIABILITY.md, "Training audit")."""
         raw = self.store.get(object_id)
@@ -123,6 +130,7 @@ class EvidenceService:
             return Lookup(decode_any(raw))
         found = Lookup()
         asking = self.holders(peers)
+        again = None if retry is None else set(retry)
         for attempt in range(tries):
             if attempt:
                 await trio.sleep(pause * 2 ** (attempt - 1))
@@ -137,7 +145,7 @@ class EvidenceService:
                     found.silent.pop(peer, None)
                 else:
                     found.silent[peer] = why
-            asking = list(found.silent)
+            asking = [p for p in found.silent if again is None or p in again]
             if not asking:
                 break
         return found

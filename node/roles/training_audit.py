@@ -214,7 +214,9 @@ class StepAuditor:
         validators = [p for p in g.validators if p != self.node.peer_id]
         for verdict_id, sample_version in zip(r.verdicts, r.sample_versions, strict=True):
             short = verdict_id.hex()[:16]
-            found = await self.evidence.lookup(verdict_id, validators, tries=ASK_TRIES)
+            found = await self.evidence.lookup(
+                verdict_id, validators, tries=ASK_TRIES, retry=validators
+            )
             verdict = found.signed
             if verdict is None or not isinstance(verdict.message, Verdict):
                 silent = [p for p in validators if p not in found.denied]
@@ -238,7 +240,9 @@ class StepAuditor:
                     Finding("not-accepted", f"cited verdict {short} {why}", (verdict_id,))
                 )
                 continue
-            found = await self.evidence.lookup(v.submission_id, [verdict.signer], tries=ASK_TRIES)
+            found = await self.evidence.lookup(
+                v.submission_id, [verdict.signer], tries=ASK_TRIES, retry=[verdict.signer]
+            )
             submission = found.signed
             if submission is None or not isinstance(submission.message, RolloutSubmission):
                 # A genesis validator's acceptance is the trainer's licence to train on the

@@ -166,7 +166,7 @@ class DhtRecords:
         py-libp2p's ``find_providers`` answers from the local store alone as soon as that holds
         any provider, so a node would only ever see peers that joined after it; this asks the
         ``_ASK_CLOSEST`` peers closest to the key as well, every time, at once. Once one has
-        answered, the others get ``_SETTLE_S`` more: each of them holds the same records (a
+        named a provider, the others get ``_SETTLE_S`` more: each of them holds the same records (a
         provider places its record at the closest peers), and a gone peer behind a NAT that
         drops our SYN would otherwise cost every lookup the whole ``_QUERY_TIMEOUT_S`` (the
         NAT test: a worker fetched one version every 5 s, never caught up with a trainer
@@ -192,7 +192,8 @@ class DhtRecords:
                         if str(info.peer_id) not in found:
                             found[str(info.peer_id)] = info
                             store.add_provider(raw, info)
-                    answered.set()
+                    if providers:  # py-libp2p answers a failed query with none, at once
+                        answered.set()
             finally:
                 left -= 1
                 if left == 0:

@@ -111,6 +111,12 @@ async def test_evidence_is_served_by_id_checked_and_followed(tmp_path: Path) -> 
         found = await late.lookup(only_liar.id, [liar.peer_id], tries=2, pause=0.01)
         assert found.signed is not None and found.signed.id == only_liar.id, found
         assert len(calls) == 2 and holder.peer_id in found.denied
+        # Only the holders whose answer matters are asked again (``retry``).
+        calls.clear()
+        found = await EvidenceService(asker, EvidenceStore(tmp_path / "once.db")).lookup(
+            only_liar.id, [liar.peer_id], tries=3, pause=0.01, retry=[holder.peer_id]
+        )
+        assert found.signed is None and len(calls) == 1 and liar.peer_id in found.silent
 
         # Keeping a slash's evidence follows what it cites, and pins it.
         held = await fetcher.keep(

@@ -295,8 +295,11 @@ async def test_a_cited_verdict_is_unknown_only_when_every_validator_denies_it(
     asked: list[tuple[list[str], int]] = []
 
     class Evidence:
-        async def lookup(self, object_id: bytes, peers: Any, *, tries: int = 1) -> Lookup:
+        async def lookup(
+            self, object_id: bytes, peers: Any, *, tries: int = 1, retry: Any = None
+        ) -> Lookup:
             asked.append((list(peers), tries))
+            assert list(retry) == list(peers)  # only the validators' silence is asked again
             found = Lookup()
             for peer, answer in answers.items():
                 if answer == NOT_HELD:
