@@ -122,9 +122,9 @@ class EvidenceService:
     ) -> Lookup:
         """``fetch`` that says why nothing came: each holder that gave no answer (of ``retry``,
         when given: the ones whose answer matters) is asked again, up to ``tries`` rounds in
-        all, ``pause`` seconds apart (doubling). A caller that
-        would accuse someone of citing an unknown object needs the denials, not the silence:
-        one dropped connection is no evidence (docs/RELIABILITY.md, "Training audit")."""
+        all, ``pause`` seconds apart (doubling). A caller that would accuse someone of citing
+        an unknown object needs the denials, not the silence: one dropped connection is no
+        evidence (docs/RELIABILITY.md, section 4)."""
         raw = self.store.get(object_id)
         if raw is not None:
             return Lookup(decode_any(raw))
