@@ -172,7 +172,15 @@ def test_workers_behind_nat_join_through_relays_and_survive_losing_one(swarm: Sw
     assert "through a relay" in doctor.stdout
 
     # kill -9 a relay worker A reserved on: it keeps the other, republishes, keeps working.
-    first_relay = _relays(swarm, "workerA")[0]
+    # Its two slots first: a CI run read none here (the status of that moment; `doctor` just
+    # ran with worker A's key and home), and killing a relay it was not on tests nothing.
+    def two_relays() -> list[str] | None:
+        relays = _relays(swarm, "workerA")
+        return relays if len(relays) == 2 else None
+
+    first_relay = wait_for(
+        two_relays, 60, "worker A's two relay slots before a relay is killed", swarm
+    )[0]
     dead = next(b for b in both if swarm.peer_id(b) in first_relay)
     alive = next(b for b in both if b != dead)
     credits_before = swarm.credits_of("validator", "workerA")
