@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 _QUERY_TIMEOUT_S = 5.0
 _ASK_CLOSEST = 4
 _SETTLE_S = 1.0
-"""How long the other closest peers may still answer a provider lookup after the first did."""
+"""How long the other closest peers may still answer a provider lookup once one named a provider."""
 
 
 class DhtRecords:
