@@ -65,7 +65,7 @@ def published(
 class MemoryPeer:
     """A provider in memory. ``mode``: ok, corrupt, truncate, stall, die, refuse, busy (its
     first ``busy`` pulls are refused with ``PeerBusy``); ``elsewhere``: shards it refuses to
-    super-seed (``ShardElsewhere``)."""
+    super-seed (``ShardElsewhere``); ``pace``: seconds it takes per chunk (a slow link)."""
 
     data: bytes
     manifest_raw: bytes
@@ -76,6 +76,7 @@ class MemoryPeer:
     busy: int = 0
     elsewhere: set[int] = field(default_factory=set)
     manifest_asked: int = 0
+    pace: float = 0.0
 
 
 class MemorySource:
@@ -127,7 +128,7 @@ class MemorySource:
             if p.mode == "die" and pos >= len(body) // 2:
                 raise PeerError(f"{peer}: connection reset")
             sink.write(body[pos : pos + p.chunk])
-            await trio.lowlevel.checkpoint()
+            await (trio.sleep(p.pace) if p.pace else trio.lowlevel.checkpoint())
         p.served.append(index)
 
 

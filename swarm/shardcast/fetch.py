@@ -69,13 +69,17 @@ __all__ = [  # the manifest checks and the source types are re-exported for exis
 ]
 
 _SCAN = 64
+"""How many pending shards ``_next`` weighs per pick (bounds the cost for huge versions)."""
 MIN_SOURCES = 2
 """Fewer peers than this holding any of a version, once each has answered, and the fetch asks
 for more (``more_peers``)."""
+RECRUIT_MAX_S = 60.0
+"""While fewer than ``MIN_SOURCES`` peers hold the version, ``more_peers`` is asked again after
+``have_wait`` seconds, twice that, and so on up to this: holders that finish their copies
+later place their provider records later, and a real version takes minutes to copy."""
 MorePeers = Callable[[], Awaitable[Sequence[str]]]
 ELSEWHERE_DEFER = 2.5
 """Seconds (to twice that) a shard the origin refused to super-seed is not asked of it again."""
-"""How many pending shards ``_next`` weighs per pick (bounds the cost for huge versions)."""
 
 
 @dataclass(frozen=True)
@@ -243,24 +247,30 @@ class _Fetch:
 
     async def _recruit(self, nursery: trio.Nursery) -> None:
         """Once every peer has said what it holds (or ``have_wait`` passed), and fewer than
-        ``MIN_SOURCES`` of them hold any of the version, ask ``more_peers`` once and watch
-        the new ones too. A node with bounded connections holds a sample of the run, which
-        may hold the version at one peer (the trainer): a newcomer of 30 loopback nodes with
-        marks of 8 and 12 took all 31 shards from one peer while 4 others held them
+        ``MIN_SOURCES`` of them hold any of the version, ask ``more_peers`` and watch the new
+        ones too; again, less and less often (``RECRUIT_MAX_S``), while that stays so. A node
+        with bounded connections holds a sample of the run, which may hold the version at one
+        peer (the trainer): a newcomer of 30 loopback nodes with marks of 8 and 12 took all 31
+        shards from one peer while 4 others held them, and another took all 123 from the
+        trainer while the records of the 4 that had just copied it were still being placed
         (tests/integration/test_connection_bounds.py)."""
         if self.more_peers is None:
             return
         with trio.move_on_after(self.config.have_wait):
             while any(p not in self.holdings for p in self.board.usable()):
                 await self.changed.wait()
-        holders = [p for p, bits in self.holdings.items() if bits is None or any(bits)]
-        if len(holders) >= MIN_SOURCES:
-            return
-        for peer in await self.more_peers():
-            if peer not in self.board.stats:
-                self.board.add([peer])
-                nursery.start_soon(self._watch, peer)
-        self._notify()
+        pause = self.config.have_wait
+        while True:
+            holders = [p for p, bits in self.holdings.items() if bits is None or any(bits)]
+            if len(holders) >= MIN_SOURCES:
+                return
+            for peer in await self.more_peers():
+                if peer not in self.board.stats:
+                    self.board.add([peer])
+                    nursery.start_soon(self._watch, peer)
+            self._notify()
+            await trio.sleep(pause)
+            pause = min(2 * pause, RECRUIT_MAX_S)
 
     def _failed(self, peer: str, reason: str, *, fatal: bool = False) -> bool:
         return self.board.record_failure(peer, reason, fatal=fatal, now=trio.current_time())
@@ -483,8 +493,8 @@ async def fetch_version(
 ) -> FetchResult:
     """Fetch ``manifest``'s version into ``store`` from ``peers``; resumes what is on disk.
     ``origins``: the peers that published it (trainers), asked last for shards others hold.
-    ``more_peers``: asked once for other providers when fewer than ``MIN_SOURCES`` of
-    ``peers`` hold any of it.
+    ``more_peers``: asked for other providers while fewer than ``MIN_SOURCES`` of the peers
+    hold any of it (``RECRUIT_MAX_S``).
 
     Returns when every shard is verified, fsynced and the version is marked complete (the
     caller then advertises it and serves it). Raises ``StorageError`` (no room, disk full),

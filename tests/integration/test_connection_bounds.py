@@ -17,17 +17,20 @@ import trio
 from libp2p.peer.id import ID
 
 from node.runtime import Node
-from node.shardcast import ShardcastService
-from swarm.errors import PeerError
+from node.shardcast import ShardcastService, version_provider_key
+from swarm.errors import NetworkError, PeerError
+from swarm.messages import run_id_of
 from swarm.net.connections import IDLE_PROTOCOLS, ConnectionBounds
 from swarm.shardcast import ShardStore, publish
+from swarm.shardcast.fetch import MIN_SOURCES
 from tests.netfactory import NetFactory, wait_until
-from tests.shardcast_util import checkpoint
+from tests.shardcast_util import checkpoint, seeder_store
 
 N = 30
 BOUNDS = ConnectionBounds(low=8, high=12)
 HOLDERS = 4
-"""Workers that fetch the version from the trainer first, so that there are several sources."""
+"""Workers that hold the version before the newcomer joins, so that there are several sources."""
+VERSION_BYTES = 16_000_000
 
 
 def counts(nodes: list[Node]) -> list[int]:
@@ -97,39 +100,65 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
 
         # A node that joins now fetches a version from several peers.
         stores = {i: ShardStore(tmp_path / f"store-{i}") for i in range(N + 1)}
-        publish(
+        signed = publish(
             # Big enough that the newcomer's fetch outlasts finding the holders (its peers are
             # a sample of the run, and a provider-record lookup takes a second or two here):
-            # 2 MB came from the idle trainer alone in 0.3 s before any holder was known.
-            checkpoint(tmp_path / "policy.safetensors", 8_000_000),
+            # 2 MB came from the idle trainer alone in 0.3 s before any holder was known, and
+            # 8 MB in 2 s in a CI run. A real version is hundreds of MB, and a fetch asks the
+            # records again while it lasts (``swarm.shardcast.fetch.RECRUIT_MAX_S``).
+            checkpoint(tmp_path / "policy.safetensors", VERSION_BYTES),
             key=net.trainer_keys[0],
             genesis=net.genesis,
             version=2,
             store=stores[0],
             shard_size=65_536,
         )
+        # HOLDERS workers hold v2: the first copies it from the trainer over the swarm (a
+        # node at its cap fetching from a trainer at its cap); the others' copies are written
+        # here, which saves the suite their transfers (all 30 nodes share one core).
+        data = (stores[0].directory(2) / "data").read_bytes()
+        for i in range(2, HOLDERS + 1):
+            stores[i] = seeder_store(tmp_path / f"store-{i}", signed, data)
         fresh = await net.node("inference", connections=BOUNDS)
         async with (
             ShardcastService.start(trainer, net.genesis, stores[0]) as origin,
             trio.open_nursery() as services,
         ):
             await origin.advertise(2)
-            # Every worker serves what it holds (as `join` does); HOLDERS of them hold v2.
+            # Every worker serves what it holds (as `join` does).
             served = []
             for i, w in enumerate(workers, start=1):
                 served.append(await services.start(_serve, w, net, stores[i]))
-            # Set-up: copies from the trainer (the newcomer's is the test). The trainer, at its
-            # cap, refuses new connections until it trims: a copy may take a few tries.
-            for h in served[:HOLDERS]:
-                with trio.fail_after(60):
-                    while True:
-                        try:
-                            await h.fetch(2, only=[trainer.peer_id])
-                            break
-                        except PeerError as exc:
-                            phase(f"a copy failed: {exc}; {room(h.node)}, {room(trainer)}")
-                            await trio.sleep(1.0)
+            # The trainer, at its cap, refuses new connections until it trims: the copy may
+            # take a few tries.
+            with trio.fail_after(60):
+                while True:
+                    try:
+                        await served[0].fetch(2, only=[trainer.peer_id])
+                        break
+                    except PeerError as exc:
+                        phase(f"a copy failed: {exc}; {room(workers[0])}, {room(trainer)}")
+                        await trio.sleep(1.0)
+            phase("a worker copied the version from the trainer")
+            async with trio.open_nursery() as placing:  # as a fetch does once it is complete
+                for h in served[1:HOLDERS]:
+                    placing.start_soon(h.advertise, 2)
             phase(f"{HOLDERS} workers hold the version")
+            # ... and their provider records are placed (the fetched copy's in the background:
+            # a DHT walk of seconds at a cap of 12). Asked by the validator, so that the
+            # newcomer's own lookup stays its own.
+            key = version_provider_key(run_id_of(net.genesis), 2)
+            holder_ids = {w.peer_id for w in workers[:HOLDERS]}
+            with trio.fail_after(60):
+                while True:
+                    try:
+                        named = set(await validator.overlay.records.find_providers(key))
+                    except NetworkError:
+                        named = set()
+                    if len(named & holder_ids) >= MIN_SOURCES:
+                        break
+                    await trio.sleep(0.5)
+            phase(f"the records name {len(named & holder_ids)} of them")
             await wait_until(lambda: fresh.peers_by_role().get("trainer"), 60)
             newcomer = await services.start(_serve, fresh, net, stores[N])
             # The holders, like the trainer, may sit at their cap for a moment after their own

@@ -247,6 +247,37 @@ async def test_a_fetch_with_one_holder_among_its_peers_asks_for_more_and_uses_th
     assert {"far1", "far2"} & {peer for peer, _ in c.source.pulls}
 
 
+async def test_a_long_fetch_with_one_holder_asks_again_for_holders_that_came_later(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The other holders' provider records are not placed yet when the receiver first asks
+    (they had just finished their own copies): a slow fetch from the one holder it has asks
+    again, less and less often, and takes shards from the holder named later."""
+    c = setup(tmp_path, {"origin": "ok", "empty": "ok", "late": "ok"})
+    c.source.peers["origin"].pace = 1.0  # about a minute a shard: the fetch outlasts the asks
+    c.source.peers["empty"].held = set()
+    asked: list[float] = []
+
+    async def more_peers() -> list[str]:
+        asked.append(trio.current_time())
+        return ["origin"] if len(asked) < 3 else ["origin", "late"]
+
+    result = await fetch_version(
+        c.receiver,
+        c.signed,
+        c.source,
+        ["origin", "empty"],
+        config=FAST,
+        rng=random.Random(0),
+        more_peers=more_peers,
+    )
+    assert result.path.read_bytes() == c.data
+    assert len(asked) == 3  # then two holders: asked no more
+    first, second, third = asked
+    assert third - second == pytest.approx(2 * (second - first))  # backing off
+    assert stats(result, "late").shards > 0
+
+
 async def test_a_fetch_whose_peers_hold_the_version_asks_for_no_more(tmp_path: Path) -> None:
     c = setup(tmp_path, {"a": "ok", "b": "ok"})
 
