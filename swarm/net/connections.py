@@ -149,7 +149,15 @@ class ConnectionTrimmer:
         set_make_room(host, self.make_room)  # our dials at the cap (swarm.net.host._CapDials)
 
     def count(self) -> int:
-        return len(self.host.get_connected_peers())
+        """Our connections as the host's cap counts them: every connection, so two to one peer
+        count twice. py-libp2p allows three a peer (``max_connections_per_peer``), and two
+        nodes that dial each other at once hold two; counted by peer, a node the host
+        counted full (12 connections, 10 peers) trimmed nothing and made no room, while
+        py-libp2p refused every dial and every newcomer."""
+        return len(self.host.get_network().get_connections())
+
+    def _held(self, peer: str) -> int:
+        return len(self.host.get_network().get_connections(ID.from_base58(peer)))
 
     def busy(self, peer: str) -> bool:
         """A stream other than the long-lived idle ones is open to ``peer``."""
@@ -211,13 +219,17 @@ class ConnectionTrimmer:
         every dial and every newcomer is refused), so that there is room for the connections
         others open to us (a dial-back that says we are reachable, a DHT query, a newcomer
         fetching what we hold) between two checks."""
-        peers = [str(p) for p in self.host.get_connected_peers()]
-        count = len(peers)
+        count = self.count()
         self.stats.peak = max(self.stats.peak, count)
         if count <= self.bounds.trim_at:
-            self._ages(peers)
+            self._ages([str(p) for p in self.host.get_connected_peers()])
             return []
-        trimmed = self.candidates()[: count - self.bounds.low]
+        trimmed, left = [], count
+        for peer in self.candidates():
+            if left <= self.bounds.low:
+                break
+            trimmed.append(peer)
+            left -= max(1, self._held(peer))
         await self._close(trimmed)
         if trimmed:
             log.info(

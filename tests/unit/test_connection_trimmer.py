@@ -38,10 +38,14 @@ class FakeConn:
 class FakeNetwork:
     conns: dict[str, FakeConn]
     closed: list[str] = field(default_factory=list)
+    twice: set[str] = field(default_factory=set)
+    """Peers with two connections (both dialed at once)."""
 
-    def get_connections(self, peer: ID) -> list[FakeConn]:
+    def get_connections(self, peer: ID | None = None) -> list[FakeConn]:
+        if peer is None:
+            return [c for p in self.conns for c in self.get_connections(ID.from_base58(p))]
         conn = self.conns.get(peer.to_base58())
-        return [conn] if conn else []
+        return ([conn, conn] if peer.to_base58() in self.twice else [conn]) if conn else []
 
     async def close_peer(self, peer: ID) -> None:
         self.closed.append(peer.to_base58())
@@ -130,6 +134,25 @@ async def test_a_peer_mid_transfer_and_a_new_connection_are_kept() -> None:
     trimmed = await t.check()
     assert PEERS[0] not in trimmed and PEERS[9] not in trimmed
     assert len(trimmed) == 9 - 4 and set(network.conns) >= {PEERS[0], PEERS[9]}
+
+
+async def test_two_connections_to_one_peer_count_twice_as_the_host_cap_counts_them() -> None:
+    """Two nodes that dialed each other at once hold two connections; py-libp2p's cap counts
+    both. Counted by peer, 5 peers with 6 connections sat "under" a cap of 6 while the host
+    refused every dial: the trimmer now counts connections, makes room, and trims down to
+    the low mark in connections."""
+    t, network, clock = trimmer({p: gossip_only() for p in PEERS[:5]}, low=3, high=6)
+    network.twice = {PEERS[0]}
+    assert t.count() == 6 and t.status()["connections"] == 6
+    await t.check()
+    clock.now += 11.0
+    assert await t.make_room() is True and len(network.closed) == 1  # at the cap: room made
+    network.conns[PEERS[5]] = gossip_only()
+    network.conns[PEERS[6]] = gossip_only()
+    network.twice = {PEERS[0], PEERS[5]}
+    clock.now += 11.0
+    await t.check()
+    assert t.count() <= 3
 
 
 async def test_a_connection_arriving_at_the_cap_may_push_out_a_young_one_we_opened() -> None:
