@@ -165,9 +165,14 @@ class ShardcastService:
                 await nursery.start(channel.run)
             serve_shardcast(node, server, channel, advertised_host)
             service = cls(node, genesis, store, server, channel, background=nursery)
+            trimmer = getattr(node, "connections", None)
+            if trimmer is not None:  # our fetch's empty peers may go for a request of ours
+                trimmer.expendable = service.expendable
             try:
                 yield service
             finally:
+                if trimmer is not None:
+                    trimmer.expendable = frozenset
                 # A fetch in another task may still finish: its provider record is then
                 # skipped, never spawned into this nursery, closed from here on.
                 service.background = None
@@ -178,6 +183,11 @@ class ShardcastService:
     @property
     def run_id(self) -> str:
         return run_id_of(self.genesis)
+
+    def expendable(self) -> frozenset[str]:
+        """The peers the running fetch polls that hold none of its version
+        (``ConnectionTrimmer.expendable``)."""
+        return frozenset(self.progress.empty) if self.progress is not None else frozenset()
 
     async def advertise(self, version: int) -> None:
         """Publish our provider record for ``version`` (best effort: logged on failure)."""

@@ -143,6 +143,13 @@ class ConnectionTrimmer:
         self._last_stream: dict[str, float] = {}
         """Peer -> when a transfer stream to or from it last closed (``_StreamNotifee``)."""
         self._opened = trio.Event()
+        self.expendable: Callable[[], Collection[str]] = frozenset
+        """Peers a task of ours polls but has no use for yet (a fetch: the peers that hold
+        none of its version, ``FetchProgress.empty``). Its polls keep them in use, so a node
+        at its cap that was fetching had nothing it could let go: a newcomer at 12 connections,
+        10 of them peers it polled (most holding nothing), failed its dials to 3 of the 5
+        holders its provider records named, at its own cap (docs/RELIABILITY.md). A
+        connection wanted now (``candidates(wanted=True)``) may push one of them out first."""
         network = host.get_network()
         if hasattr(network, "register_notifee"):
             network.register_notifee(_StreamNotifee(self))
@@ -198,13 +205,22 @@ class ConnectionTrimmer:
         keep = set(self.protected())
         mesh = set(self.mesh())
 
+        spare = set(self.expendable()) if wanted else set()
+
         def old_enough(peer: str) -> bool:
             if ages[peer] >= self.bounds.grace_s:
                 return True
             return wanted and ages[peer] >= self.bounds.dial_grace_s and self._ours(peer)
 
-        free = [p for p in peers if p not in keep and old_enough(p) and not self.in_use(p)]
-        return sorted(free, key=lambda p: (p in mesh, -ages[p]))
+        def may_go(peer: str) -> bool:
+            if peer in keep:
+                return False
+            if peer in spare:  # polled for nothing yet: in use for no transfer
+                return ages[peer] >= self.bounds.dial_grace_s
+            return old_enough(peer) and not self.in_use(peer)
+
+        free = [p for p in peers if may_go(p)]
+        return sorted(free, key=lambda p: (p not in spare, p in mesh, -ages[p]))
 
     def _ours(self, peer: str) -> bool:
         """Every connection to ``peer`` is one we opened (py-libp2p's ``direction``)."""

@@ -116,6 +116,10 @@ class FetchProgress:
     elapsed: float = 0.0
     pulls: dict[int, int] = field(default_factory=dict)
     board: PeerBoard | None = None
+    empty: set[str] = field(default_factory=set)
+    """Peers whose last holdings answer held none of the version, while the fetch runs: it
+    polls them (they may start to hold it), and they are no use yet
+    (``swarm.net.connections.ConnectionTrimmer.expendable``)."""
 
     @property
     def rate(self) -> float:
@@ -232,6 +236,10 @@ class _Fetch:
                 await trio.sleep(self.config.have_refresh)
                 continue
             self.holdings[peer] = bits
+            if bits is not None and not any(bits):
+                self.progress.empty.add(peer)
+            else:
+                self.progress.empty.discard(peer)
             self._notify()
             if bits is None:
                 return  # it holds the whole version: nothing more to learn
@@ -469,12 +477,15 @@ class _Fetch:
         return True
 
     async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._refresh_holdings)
-            async with trio.open_nursery() as workers:
-                for _ in range(max(1, self.config.concurrency)):
-                    workers.start_soon(self.worker, nursery.cancel_scope)
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._refresh_holdings)
+                async with trio.open_nursery() as workers:
+                    for _ in range(max(1, self.config.concurrency)):
+                        workers.start_soon(self.worker, nursery.cancel_scope)
+                nursery.cancel_scope.cancel()
+        finally:
+            self.progress.empty.clear()  # polled no more
         if self.error is not None:
             raise self.error
 

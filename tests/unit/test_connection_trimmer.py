@@ -171,6 +171,24 @@ async def test_a_connection_arriving_at_the_cap_may_push_out_a_young_one_we_open
     assert network.closed == [PEERS[4]]
 
 
+async def test_a_peer_polled_for_nothing_may_go_for_a_connection_wanted_now() -> None:
+    """A fetch polls every peer of ours (a long-poll on the shard protocol: in use), most
+    holding nothing; at the cap, a request of ours to a holder may push out one of those
+    (``expendable``), past the dial grace, never a protected one, and the periodic trim does
+    not."""
+    busy = [FakeStream("/meshsub/1.1.0"), FakeStream("/swarm-node/r/shard/1")]
+    t, network, clock = trimmer({p: FakeConn(list(busy)) for p in PEERS[:6]}, high=6)
+    t.expendable = lambda: {PEERS[2], PEERS[3]}
+    t.protected = lambda: {PEERS[3]}
+    t._ages(PEERS[:6])
+    clock.now += 1.0  # within the dial grace (2 s): not yet
+    assert t.candidates(wanted=True) == []
+    clock.now += 2.0
+    assert t.candidates() == [] and await t.check() == []
+    assert t.candidates(wanted=True) == [PEERS[2]]
+    assert await t.make_room(wanted=True) is True and network.closed == [PEERS[2]]
+
+
 async def test_peers_outside_the_gossip_mesh_go_first() -> None:
     mesh = set(PEERS[:5])
     t, _network, clock = trimmer({p: gossip_only() for p in PEERS[:8]}, mesh=mesh, high=8)

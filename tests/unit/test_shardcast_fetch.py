@@ -278,6 +278,20 @@ async def test_a_long_fetch_with_one_holder_asks_again_for_holders_that_came_lat
     assert stats(result, "late").shards > 0
 
 
+async def test_the_peers_that_hold_none_of_it_are_named_while_the_fetch_runs(
+    tmp_path: Path,
+) -> None:
+    """``FetchProgress.empty``: the peers whose last answer held none of the version, for the
+    connection trimmer (``ConnectionTrimmer.expendable``); empty once the fetch is over."""
+    c = setup(tmp_path, {"holder": "ok", "none": "ok"})
+    c.source.peers["none"].held = set()
+    c.source.peers["holder"].pace = 0.01
+    seen: list[set[str]] = []
+    result = await c.fetch(on_progress=lambda p: seen.append(set(p.empty)))
+    assert {"none"} in seen and not any("holder" in s for s in seen)
+    assert result.progress.empty == set()
+
+
 async def test_a_fetch_whose_peers_hold_the_version_asks_for_no_more(tmp_path: Path) -> None:
     c = setup(tmp_path, {"a": "ok", "b": "ok"})
 
