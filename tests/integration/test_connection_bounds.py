@@ -179,8 +179,7 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
             ]
             holders = [room(h) for h in [trainer, *workers[:HOLDERS]]]
             # Printed whole (an assertion's message is cut short): (peer, shards, failures,
-            # last error) of the newcomer's board; (peer, connections, could let go) of each
-            # holder.
+            # last error) of the newcomer's board; each holder's ``room``.
             phase(f"the newcomer fetched it: {board}; holders {holders}")
             sources = [p for p in got.progress.peers() if int(p["shards"]) > 0]  # type: ignore[call-overload]
             assert len(sources) >= 2, (board, holders)
@@ -193,9 +192,9 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
         )
 
 
-def room(node: Node) -> tuple[str, int, int, int, int, int, list[str]]:
-    """A holder's connections: (peer, count, could let go, protected, young, in use, the
-    transfer protocols open)."""
+def room(node: Node) -> tuple[str, int, int, int, int, int, int, list[str]]:
+    """A holder's connections: (peer, connections, could let go now, could let go for a
+    connection arriving, protected, young, in use, the transfer protocols open)."""
     t = node.connections
     peers = [str(p) for p in node.overlay.host.get_connected_peers()]
     ages = t._ages(peers)
@@ -209,8 +208,9 @@ def room(node: Node) -> tuple[str, int, int, int, int, int, list[str]]:
                     busy.append(protocol[-24:] or "(negotiating)")
     return (
         node.peer_id[-8:],
-        len(peers),
+        t.count(),
         len(t.candidates()),
+        len(t.candidates(wanted=True)),
         len(keep & set(peers)),
         sum(1 for p in peers if ages[p] < BOUNDS.grace_s),
         sum(1 for p in peers if t.in_use(p)),
