@@ -107,12 +107,15 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
         swarm.net.link(name, up=True)
         faults[f"link down/up ({name})"] = 1
         held = swarm.ledger_ids("validator")
-        wait_for(
-            lambda held=held: held <= swarm.ledger_ids("worker"),  # type: ignore[misc]
-            60,
-            f"the worker's ledger to converge with the validator's after the {name} partition",
-            swarm,
-        )
+        try:
+            wait_for(
+                lambda held=held: held <= swarm.ledger_ids("worker"),  # type: ignore[misc]
+                60,
+                f"the worker's ledger to converge with the validator's after the {name} partition",
+                swarm,
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{ledger_state(swarm, held)}\n{exc}") from None
 
     swarm.assert_alive()
 
@@ -188,3 +191,18 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
         f"faults survived: {faults}; credited submissions: {len(credited)} (none twice),"
         f" queued at the trainer: {len(queue)}, trained: {len(trained)}; policy v{versions}"
     )
+
+
+def ledger_state(swarm: Swarm, held: set[bytes]) -> str:
+    """What a failed convergence needs to be told apart (a CI run's, 2026-12-06): how many of
+    the validator's events each replica lacks, each one's sync counters, and the worker's
+    ledger lines (a sync that failed, an event refused)."""
+    lines = []
+    for name in ("worker", "trainer"):
+        ledger = (swarm.status(name) or {}).get("role_status", {}).get("ledger", {})
+        lacks = len(held - swarm.ledger_ids(name))
+        lines.append(f"{name} lacks {lacks} of the validator's {len(held)} events; {ledger}")
+    log = swarm.hosts["worker"].log
+    text = log.read_text(errors="replace") if log.exists() else ""
+    lines += [line for line in text.splitlines() if "ledger" in line][-20:]
+    return "\n".join(lines)

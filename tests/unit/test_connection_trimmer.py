@@ -155,20 +155,24 @@ async def test_two_connections_to_one_peer_count_twice_as_the_host_cap_counts_th
     assert t.count() <= 3
 
 
-async def test_a_connection_arriving_at_the_cap_may_push_out_a_young_one_we_opened() -> None:
-    """A burst of our own DHT dials (a provider record placed) fills the cap with young
-    connections; one arriving then may push out one of ours past the dial grace, never a
-    young one a peer opened to us, and the periodic trim keeps the whole grace."""
-    conns = {p: gossip_only() for p in PEERS[:4]}
+async def test_a_connection_arriving_at_the_cap_may_push_out_a_young_idle_one() -> None:
+    """A burst of DHT queries (our provider record placed, others' lookups) fills the cap with
+    young connections; one arriving then may push out one past the dial grace that carried
+    no transfer, ours first, then one a peer opened to us, never one in use; the periodic
+    trim keeps the whole grace."""
+    conns = {p: FakeConn([FakeStream("/swarm-node/r/shard/1")]) for p in PEERS[:3]}
+    conns[PEERS[3]] = FakeConn([FakeStream("/ipfs/kad/1.0.0")], direction="inbound")
     conns[PEERS[4]] = FakeConn([FakeStream("/ipfs/kad/1.0.0")], direction="outbound")
     conns[PEERS[5]] = FakeConn([FakeStream("/ipfs/kad/1.0.0")], direction="inbound")
     t, network, clock = trimmer(conns, high=6)
-    t._ages(list(conns))
-    clock.now += 3.0  # past the dial grace (2 s), within the grace (10 s)
+    t._first_seen = {p: 0.0 for p in conns} | {PEERS[5]: 1.0}  # PEERS[5] a second later
+    clock.now = 3.5  # past the dial grace (2 s), within the grace (10 s)
     assert t.candidates() == [] and await t.make_room() is False
-    assert t.candidates(wanted=True) == [PEERS[4]]
+    assert t.candidates(wanted=True) == [PEERS[4], PEERS[3], PEERS[5]]
     assert await t.make_room(wanted=True) is True
-    assert network.closed == [PEERS[4]]
+    network.conns[PEERS[6]] = gossip_only()  # at the cap again: one more arrived
+    assert await t.make_room(wanted=True) is True
+    assert network.closed == [PEERS[4], PEERS[3]]
 
 
 async def test_a_peer_polled_for_nothing_may_go_for_a_connection_wanted_now() -> None:
