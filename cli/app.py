@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from cli import doctor, identity, ledger, net, run, shardcast, up
+from cli import doctor, identity, ledger, net, run, shardcast, status, up
 from cli.common import err_console
 from swarm.errors import SwarmError
 
@@ -23,6 +23,7 @@ app = typer.Typer(
 identity.register(app)
 run.register(app)
 net.register(app)
+status.register(app)
 ledger.register(app)
 shardcast.register(app)
 up.register(app)

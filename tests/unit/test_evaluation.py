@@ -254,7 +254,7 @@ def test_status_shows_the_held_out_curve_in_one_line(tmp_path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from cli.net import _role_rows
+    from cli.status import _role_rows
 
     store = EvaluationStore(tmp_path / "evaluations.db")
     store.add(record(0, key_due(0), (0, 1_000_000)))

@@ -88,7 +88,7 @@ def _rendered(table: Table) -> str:
 
 
 def test_status_shows_a_workers_own_requests_and_a_ledgers_fewest(tmp_path: Path) -> None:
-    from cli.net import _quota_rows, _role_rows
+    from cli.status import _quota_rows, _role_rows
 
     table = Table(show_header=False)
     _role_rows(table, {"worker": {"quota_used": {"v4": "64 of 64", "v5": "37 of 64"}}})
