@@ -127,5 +127,10 @@ class PeerError(NetworkError):
     """A peer misbehaved: a bad answer, over its failure budget, or the wrong peer ID."""
 
 
+class PeerUnreachable(NetworkError):
+    """No stream to the peer could be opened: it is gone, or it refused our connection (a
+    node at its connection cap refuses newcomers for a few seconds)."""
+
+
 class RequestTimeout(NetworkError):
     """A request got no answer within its deadline."""

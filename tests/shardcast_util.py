@@ -13,7 +13,7 @@ import trio
 from safetensors.numpy import save_file
 
 from node.run import create_genesis
-from swarm.errors import PeerError
+from swarm.errors import PeerError, PeerUnreachable
 from swarm.identity import NodeKey
 from swarm.messages import RunGenesis, RunParams, ShardManifest, Signed
 from swarm.shardcast import ShardNotHeld, ShardSink, ShardStore, publish
@@ -65,7 +65,9 @@ def published(
 class MemoryPeer:
     """A provider in memory. ``mode``: ok, corrupt, truncate, stall, die, refuse, busy (its
     first ``busy`` pulls are refused with ``PeerBusy``); ``elsewhere``: shards it refuses to
-    super-seed (``ShardElsewhere``); ``pace``: seconds it takes per chunk (a slow link)."""
+    super-seed (``ShardElsewhere``); ``pace``: seconds it takes per chunk (a slow link);
+    ``unreachable``: its first requests fail to connect (``PeerUnreachable``: a holder at its
+    connection cap)."""
 
     data: bytes
     manifest_raw: bytes
@@ -77,6 +79,12 @@ class MemoryPeer:
     elsewhere: set[int] = field(default_factory=set)
     manifest_asked: int = 0
     pace: float = 0.0
+    unreachable: int = 0
+
+    def connect(self, peer: str) -> None:
+        if self.unreachable > 0:
+            self.unreachable -= 1
+            raise PeerUnreachable(f"cannot open a stream to {peer}: connections limit reached")
 
 
 class MemorySource:
@@ -100,6 +108,7 @@ class MemorySource:
     ) -> bytes | None:
         await trio.lowlevel.checkpoint()
         p = self.peers[peer]
+        p.connect(peer)
         if p.held is None:
             return None
         return bytes(1 if i in p.held else 0 for i in range(len(self.m.shard_hashes)))
@@ -107,6 +116,7 @@ class MemorySource:
     async def pull(self, peer: str, version: int, index: int, sink: ShardSink) -> None:
         p = self.peers[peer]
         self.pulls.append((peer, index))
+        p.connect(peer)
         if p.held is not None and index not in p.held:
             raise ShardNotHeld(f"{peer} lacks shard {index}")
         if p.mode == "refuse":

@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from swarm.errors import NetworkError, PeerError, RequestTimeout, SwarmError
+from swarm.errors import NetworkError, PeerError, PeerUnreachable, RequestTimeout, SwarmError
 from swarm.net.host import check_peer_id
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ async def request(
     """Send one request and return the answer.
 
     Raises ``RequestTimeout`` past ``limits.timeout``, ``PeerError`` for an oversize or refused
-    answer, ``NetworkError`` when no stream can be opened. Cancellation closes the stream.
+    answer, ``PeerUnreachable`` when no stream can be opened. Cancellation closes the stream.
     """
     if len(payload) > limits.max_request:
         raise PeerError(f"request of {len(payload)} bytes is over the limit {limits.max_request}")
@@ -93,7 +93,7 @@ async def request(
             try:
                 stream = await host.new_stream(peer, [protocol])
             except Exception as exc:
-                raise NetworkError(f"cannot open {protocol} to {peer_id}: {exc}") from exc
+                raise PeerUnreachable(f"cannot open {protocol} to {peer_id}: {_why(exc)}") from exc
             try:
                 await write_frame(stream, payload)
                 answer = await read_frame(stream, limits.max_response + 1)
@@ -213,3 +213,30 @@ def serve(host: Any, protocol: str, handler: Handler, limits: StreamLimits) -> S
     server = StreamServer(protocol, handler, limits)
     host.set_stream_handler(protocol, server)
     return server
+
+
+def _why(exc: BaseException) -> str:
+    """The error, or in place of py-libp2p's "unable to connect to ..., no addresses
+    established a successful connection (with exceptions)", the root error of each address it
+    tried (the ``MultiError`` it raises from, ``errors``): "Maximum connections limit reached"
+    on either side, a refused port."""
+    cause: BaseException | None = exc
+    for _ in range(4):  # new_stream's error, from the dial's, from the MultiError
+        errors = getattr(cause, "errors", None)
+        if isinstance(errors, list | tuple) and errors:
+            roots = dict.fromkeys(_root(e)[:160] for e in errors if isinstance(e, BaseException))
+            return "; ".join(list(roots)[:3]) or str(exc)
+        cause = cause.__cause__ if cause is not None else None
+    return str(exc)
+
+
+def _root(exc: BaseException) -> str:
+    """The innermost error behind ``exc`` that says something."""
+    text = str(exc)
+    inner = exc.__cause__ or exc.__context__
+    for _ in range(6):
+        if inner is None:
+            break
+        text = str(inner) or text
+        inner = inner.__cause__ or inner.__context__
+    return text

@@ -40,6 +40,7 @@ import trio
 
 from swarm.errors import (
     PeerError,
+    PeerUnreachable,
     StorageError,
     SwarmError,
 )
@@ -232,8 +233,10 @@ class _Fetch:
                 await trio.sleep(self.config.have_refresh * (1 + self.board.rng.random()))
                 continue
             except SwarmError as exc:
-                self._failed(peer, str(exc))
-                await trio.sleep(self.config.have_refresh)
+                self._failed(peer, str(exc), unreachable=isinstance(exc, PeerUnreachable))
+                # Past its budget an unreachable peer rests (``PeerBoard.record_failure``).
+                rest = stats.busy_until - trio.current_time()
+                await trio.sleep(max(self.config.have_refresh, rest))
                 continue
             self.holdings[peer] = bits
             if bits is not None and not any(bits):
@@ -280,8 +283,12 @@ class _Fetch:
             await trio.sleep(pause)
             pause = min(2 * pause, RECRUIT_MAX_S)
 
-    def _failed(self, peer: str, reason: str, *, fatal: bool = False) -> bool:
-        return self.board.record_failure(peer, reason, fatal=fatal, now=trio.current_time())
+    def _failed(
+        self, peer: str, reason: str, *, fatal: bool = False, unreachable: bool = False
+    ) -> bool:
+        return self.board.record_failure(
+            peer, reason, fatal=fatal, unreachable=unreachable, now=trio.current_time()
+        )
 
     def _failure_report(self) -> str:
         return (
@@ -445,7 +452,7 @@ class _Fetch:
         except SwarmError as exc:
             if sink.superseded:
                 return False
-            self._failed(peer, str(exc))
+            self._failed(peer, str(exc), unreachable=isinstance(exc, PeerUnreachable))
             return False
         finally:
             sink.scope = None

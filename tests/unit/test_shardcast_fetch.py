@@ -278,6 +278,21 @@ async def test_a_long_fetch_with_one_holder_asks_again_for_holders_that_came_lat
     assert stats(result, "late").shards > 0
 
 
+async def test_a_holder_that_refuses_connections_for_a_while_is_tried_again_not_dropped(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A holder at its connection cap refuses a newcomer for a few seconds (five refusals
+    here, past the failure budget of 3): the fetch rests it and takes shards from it once it
+    answers, where it used to drop it after three refusals in as many seconds."""
+    c = setup(tmp_path, {"origin": "ok", "holder": "ok"})
+    c.source.peers["origin"].pace = 1.0  # a slow trainer: the fetch outlasts the refusals
+    c.source.peers["holder"].unreachable = 5
+    result = await c.fetch()
+    assert result.path.read_bytes() == c.data
+    holder = stats(result, "holder")
+    assert not holder.dropped and holder.shards > 0 and holder.failures == 5
+
+
 async def test_the_peers_that_hold_none_of_it_are_named_while_the_fetch_runs(
     tmp_path: Path,
 ) -> None:

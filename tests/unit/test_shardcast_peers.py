@@ -65,3 +65,21 @@ def test_an_origin_over_its_failure_budget_rests_and_is_kept_unless_it_sends_wro
     assert b.stats["trainer"].busy_until == 200.0 + 8.0  # doubling, at most 8 s
     assert b.record_failure("trainer", "corrupt shard 0", fatal=True)
     assert "trainer" not in b.usable()
+
+
+def test_a_peer_we_could_not_reach_rests_past_its_budget_then_goes_after_twice_that() -> None:
+    """A holder at its connection cap refuses newcomers for a few seconds: connection failures
+    rest it (1 s, 2 s, ... as an origin) for a second failure budget; other failures drop it
+    at the first."""
+    b = PeerBoard(rng=random.Random(1), failure_budget=3)
+    b.add(["holder", "liar"])
+    for i in range(3):
+        b.record_failure("liar", "said it holds shard 0, then refused it", now=100.0 + i)
+        assert not b.record_failure("holder", "cannot open ...", unreachable=True, now=100.0 + i)
+    assert "liar" not in b.usable() and "holder" in b.usable()
+    assert b.stats["holder"].busy_until == 102.0 + 1.0
+    assert not b.record_failure("holder", "cannot open ...", unreachable=True, now=110.0)
+    assert b.stats["holder"].busy_until == 110.0 + 2.0
+    assert not b.record_failure("holder", "cannot open ...", unreachable=True, now=120.0)
+    assert b.record_failure("holder", "cannot open ...", unreachable=True, now=130.0)
+    assert "holder" not in b.usable()
