@@ -66,8 +66,8 @@ class MemoryPeer:
     """A provider in memory. ``mode``: ok, corrupt, truncate, stall, die, refuse, busy (its
     first ``busy`` pulls are refused with ``PeerBusy``); ``elsewhere``: shards it refuses to
     super-seed (``ShardElsewhere``); ``pace``: seconds it takes per chunk (a slow link);
-    ``unreachable``: its first requests fail to connect (``PeerUnreachable``: a holder at its
-    connection cap)."""
+    ``unreachable``: that many of its requests fail to connect (``PeerUnreachable``: a holder
+    at its connection cap), after its first ``reachable_first``."""
 
     data: bytes
     manifest_raw: bytes
@@ -80,9 +80,12 @@ class MemoryPeer:
     manifest_asked: int = 0
     pace: float = 0.0
     unreachable: int = 0
+    reachable_first: int = 0
 
     def connect(self, peer: str) -> None:
-        if self.unreachable > 0:
+        if self.reachable_first > 0:
+            self.reachable_first -= 1
+        elif self.unreachable > 0:
             self.unreachable -= 1
             raise PeerUnreachable(f"cannot open a stream to {peer}: connections limit reached")
 

@@ -233,8 +233,8 @@ class _Fetch:
                 await trio.sleep(self.config.have_refresh * (1 + self.board.rng.random()))
                 continue
             except SwarmError as exc:
-                self._failed(peer, str(exc), unreachable=isinstance(exc, PeerUnreachable))
-                # Past its budget an unreachable peer rests (``PeerBoard.record_failure``).
+                self._failed(peer, str(exc), unreachable=self._worth_waiting(peer, exc))
+                # Past its budget an unreachable holder rests (``PeerBoard.record_failure``).
                 rest = stats.busy_until - trio.current_time()
                 await trio.sleep(max(self.config.have_refresh, rest))
                 continue
@@ -289,6 +289,13 @@ class _Fetch:
         return self.board.record_failure(
             peer, reason, fatal=fatal, unreachable=unreachable, now=trio.current_time()
         )
+
+    def _worth_waiting(self, peer: str, exc: SwarmError) -> bool:
+        """A failure to reach ``peer`` that should rest it, not drop it: it holds shards, as
+        far as we know (a peer whose last ``have`` answer held nothing is not worth a dial
+        at our cap: our trimmer lets such peers go first, and redialing them pushed out others
+        we had polled for nothing, round and round, in the 30-node test)."""
+        return isinstance(exc, PeerUnreachable) and peer not in self.progress.empty
 
     def _failure_report(self) -> str:
         return (
@@ -452,7 +459,7 @@ class _Fetch:
         except SwarmError as exc:
             if sink.superseded:
                 return False
-            self._failed(peer, str(exc), unreachable=isinstance(exc, PeerUnreachable))
+            self._failed(peer, str(exc), unreachable=self._worth_waiting(peer, exc))
             return False
         finally:
             sink.scope = None

@@ -293,6 +293,22 @@ async def test_a_holder_that_refuses_connections_for_a_while_is_tried_again_not_
     assert not holder.dropped and holder.shards > 0 and holder.failures == 5
 
 
+async def test_a_peer_that_held_nothing_and_then_cannot_be_reached_is_dropped_as_before(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Resting is for holders: a peer whose last answer held nothing (our trimmer lets those go
+    first at our cap) is dropped after the usual budget, not dialed again and again."""
+    c = setup(tmp_path, {"origin": "ok", "empty": "ok"})
+    c.source.peers["origin"].pace = 1.0
+    c.source.peers["empty"].held = set()
+    c.source.peers["empty"].reachable_first = 1  # it answers once: nothing
+    c.source.peers["empty"].unreachable = 100
+    result = await c.fetch()
+    assert result.path.read_bytes() == c.data
+    empty = stats(result, "empty")
+    assert empty.dropped and empty.failures == 3
+
+
 async def test_the_peers_that_hold_none_of_it_are_named_while_the_fetch_runs(
     tmp_path: Path,
 ) -> None:
