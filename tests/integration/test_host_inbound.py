@@ -14,6 +14,11 @@ from swarm.net.connections import ConnectionBounds
 from tests.netfactory import NetFactory, wait_until
 
 CAP = ConnectionBounds(low=2, high=3)
+ALONE = {"connect_found_peers": False}
+"""Nobody dials the peers its lookups find: only this test's dials open connections. A CI run
+beside the other test worker refused the third newcomer (the target held its cap); the
+likely third connection was such a background dial (the dialer finding the target's advert
+after its last reconnect). Not shown: not reproduced in 6 runs alone."""
 
 
 async def reconnect(dialer: Node, target: Node) -> str | None:
@@ -25,14 +30,14 @@ async def reconnect(dialer: Node, target: Node) -> str | None:
 @pytest.mark.timeout(120)
 async def test_a_capped_host_accepts_connection_after_connection_for_its_whole_life() -> None:
     async with NetFactory() as net:  # no bootstrap peer: nobody dials on their own
-        target = await net.node("inference", connections=CAP)
-        dialer = await net.node("inference")
+        target = await net.node("inference", connections=CAP, **ALONE)
+        dialer = await net.node("inference", **ALONE)
         for attempt in range(3 * CAP.high):
             assert await reconnect(dialer, target) is None, f"refused at connection {attempt}"
             await dialer.overlay.host.get_network().close_peer(ID.from_base58(target.peer_id))
             await wait_until(lambda: not target.overlay.connected(dialer.peer_id), 10)
         # The cap itself still holds: with 3 open, a 4th peer is refused.
-        others = [await net.node("inference") for _ in range(CAP.high + 1)]
+        others = [await net.node("inference", **ALONE) for _ in range(CAP.high + 1)]
         answers = [await reconnect(o, target) for o in others]
         assert answers[: CAP.high] == [None] * CAP.high and answers[-1] is not None
         assert len(target.overlay.connected_peers()) == CAP.high
