@@ -128,8 +128,8 @@ class PeerError(NetworkError):
 
 
 class PeerUnreachable(NetworkError):
-    """No stream to the peer could be opened: it is gone, or it refused our connection (a
-    node at its connection cap refuses newcomers for a few seconds)."""
+    """No stream to the peer could be opened: it is gone, or a connection cap (ours or its
+    own) refused the dial for the moment."""
 
 
 class RequestTimeout(NetworkError):

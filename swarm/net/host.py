@@ -189,9 +189,9 @@ class _CapDials:
     and refused a newcomer fetching what it holds, without asking its trimmer; the newcomer then
     kept it in its negative cache for 60 s and took all 31 shards from one peer (a CI run of the
     test above). What is trimmed is what the trimmer may trim anyway (past its grace, in no
-    transfer, not protected), and a connection we opened for nothing but a DHT query once past 2
-    s (``ConnectionBounds.dial_grace_s``): a flood of newcomers cannot push out a peer in
-    use."""
+    transfer, not protected), and a connection that carried nothing but DHT queries and the other
+    idle protocols once past 2 s, ours first (``ConnectionBounds.dial_grace_s``): a flood of
+    newcomers cannot push out a peer in use."""
 
     def __init__(self, network: Any, cap: int) -> None:
         self.network = network

@@ -142,11 +142,10 @@ class PeerBoard:
         failed (docs/BENCHMARKS.md, Scale).
 
         ``unreachable`` (no stream could be opened): past the budget the peer rests the same
-        way until ``UNREACHABLE_TRIES`` budgets are spent. A holder that just placed its
-        provider record sits at its connection cap with young connections for a few seconds,
-        and refused a newcomer three times in as many seconds, which dropped it for the
-        version: in the 30-node test 1 or 2 of 5 holders, in most runs
-        (tests/integration/test_connection_bounds.py, docs/RELIABILITY.md).
+        way until ``UNREACHABLE_TRIES`` budgets are spent. A connection cap (the newcomer's
+        own, full of young connections it polls) refused dials to holders three times in as
+        many seconds, which dropped them for the version: 1 or 2 of 5 holders in most runs of
+        the 30-node test (tests/integration/test_connection_bounds.py, docs/RELIABILITY.md).
         """
         s = self.stats[peer]
         s.failures += 1
