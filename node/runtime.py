@@ -58,6 +58,7 @@ from swarm.net import (
     request,
     serve,
     stream_protocol,
+    wanted_dials,
 )
 from swarm.net.connections import (
     ConnectionBounds,
@@ -471,17 +472,16 @@ class Node:
         """One request on ``/swarm-node/<run>/<name>/1`` (size limits and a deadline). A peer
         we hold no connection to is dialed at its advertised addresses first: the swarm
         cannot dial its relayed (``/p2p-circuit``) ones by itself. At our connection cap the
-        least useful connection makes room first: a request we start is a transfer we want
-        (a holder of a version, a validator), the idle connection is not."""
-        if not self.overlay.connected(peer_id):
-            await self.connections.make_room(wanted=True)
-            if self.membership.advert_of(peer_id):
+        least useful connection makes room first (``wanted_dials``): a request we start is a
+        transfer we want (a holder of a version, a validator), the idle connection is not."""
+        with wanted_dials():
+            if not self.overlay.connected(peer_id) and self.membership.advert_of(peer_id):
                 why = await self.connect_peer(peer_id)
                 if why is not None:
                     log.debug("connecting to %s failed: %s", peer_id[-8:], why)
-        return await request(
-            self.overlay.host, peer_id, stream_protocol(self.run_id, name), payload, limits
-        )
+            return await request(
+                self.overlay.host, peer_id, stream_protocol(self.run_id, name), payload, limits
+            )
 
     def direct_path(self, peer_id: str) -> DirectPath | None:
         """Both IP addresses of our direct connection to ``peer_id`` (None: none, or relayed)."""

@@ -81,6 +81,8 @@ class MemoryPeer:
     pace: float = 0.0
     unreachable: int = 0
     reachable_first: int = 0
+    answer_after: float = 0.0
+    """Seconds its first ``have`` answer takes (a dial at its cap, a slow link)."""
 
     def connect(self, peer: str) -> None:
         if self.reachable_first > 0:
@@ -111,6 +113,9 @@ class MemorySource:
     ) -> bytes | None:
         await trio.lowlevel.checkpoint()
         p = self.peers[peer]
+        if p.answer_after:
+            await trio.sleep(p.answer_after)
+            p.answer_after = 0.0
         p.connect(peer)
         if p.held is None:
             return None

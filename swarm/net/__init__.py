@@ -38,6 +38,7 @@ from swarm.net.host import (
     parse_peer_addr,
     peer_ids,
     peer_of,
+    wanted_dials,
 )
 from swarm.net.membership import ENOUGH_PEERS, Membership, MembershipConfig, authorize
 from swarm.net.names import (
@@ -94,4 +95,5 @@ __all__ = [
     "same_ip",
     "serve",
     "stream_protocol",
+    "wanted_dials",
 ]

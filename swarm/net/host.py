@@ -7,8 +7,10 @@ wrong comes back as ``ConfigError`` before any socket is opened.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,6 +20,7 @@ from libp2p import new_host
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from libp2p.crypto.keys import KeyPair
 from libp2p.network.config import ConnectionConfig, RetryConfig
+from libp2p.network.exceptions import SwarmException
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.protocol_muxer.exceptions import MultiselectError
@@ -167,8 +170,43 @@ def build_host(
     return host
 
 
-class MakeRoom(Protocol):
-    async def __call__(self, *, wanted: bool = False) -> bool: ...
+AT_CAP = "Maximum connections limit reached"
+"""py-libp2p's words for a connection refused at the cap (``Swarm``), ours too."""
+
+
+class RoomKeeper(Protocol):
+    """What decides which connection goes at the cap (``swarm.net.connections``'s trimmer)."""
+
+    async def make_room(self, *, wanted: bool = False) -> bool:
+        """Room for one connection about to open; False: none may go."""
+        ...
+
+    def room(self, *, wanted: bool = False) -> AbstractAsyncContextManager[bool]:
+        """The same, held for the block: a dial under way counts against the cap."""
+        ...
+
+
+_WANTED: set[Any] = set()
+"""The trio tasks inside ``wanted_dials``. Not a ``ContextVar``: trio copies the spawner's
+context into each task it starts, so the tasks a dial starts (the connection's own, its
+handlers, their DHT queries) inherited it, and in the 30-node test their dials pushed out
+each other's connections until provider lookups failed."""
+
+
+@contextlib.contextmanager
+def wanted_dials() -> Iterator[None]:
+    """Dials this task makes inside the block are wanted now (a request of ours to a peer:
+    a holder of a version, a validator): at our cap they may push out a young idle
+    connection, and the room made for each is held until it is done (``_CapDials``). A DHT
+    query's dials, made by other tasks, are not."""
+    task = trio.lowlevel.current_task()
+    outer = task in _WANTED
+    _WANTED.add(task)
+    try:
+        yield
+    finally:
+        if not outer:
+            _WANTED.discard(task)
 
 
 class _CapDials:
@@ -179,9 +217,12 @@ class _CapDials:
     first DHT walk's connections and had 19 healthy peers blocked two seconds later, so its
     lookups failed for a minute (tests/integration/test_connection_bounds.py timed out
     waiting for it to find the trainer). Here a dial to a peer we are not connected to at
-    the cap first makes room (``set_make_room``: the connection trimmer closes its least
+    the cap first makes room (``set_room_keeper``: the connection trimmer closes its least
     useful connection), and a dial that failed while we were at the cap leaves the peer out
-    of the negative cache: the refusal was ours.
+    of the negative cache: the refusal was ours. A wanted dial (``wanted_dials``) holds its
+    room until it is done, so that dials at once each get their own: two requests of a
+    fetch picked the same connection to close (a close takes 0.1 s) and one was refused at
+    our own cap (tests/integration/test_connection_bounds.py, docs/RELIABILITY.md).
 
     Inbound the same: a connection that arrives at the cap makes room before py-libp2p's check
     refuses it (``Swarm.upgrade_inbound_raw_conn``). A node that just took a burst of
@@ -196,7 +237,7 @@ class _CapDials:
     def __init__(self, network: Any, cap: int) -> None:
         self.network = network
         self.cap = cap
-        self.make_room: MakeRoom | None = None
+        self.keeper: RoomKeeper | None = None
         self._dial_peer = network.dial_peer
         self._upgrade_inbound = network.upgrade_inbound_raw_conn
 
@@ -208,8 +249,20 @@ class _CapDials:
         return len(self.network.get_connections()) >= self.cap
 
     async def dial_peer(self, peer_id: Any) -> Any:
-        if self.make_room is not None and self.full() and not self.network.get_connections(peer_id):
-            await self.make_room()
+        keeper = self.keeper
+        if keeper is None or self.network.get_connections(peer_id):
+            return await self._dial(peer_id)
+        if trio.lowlevel.current_task() in _WANTED:
+            async with keeper.room(wanted=True):
+                return await self._dial(peer_id)
+        if not await keeper.make_room() and not self.full():
+            # The last places are held for wanted dials under way: py-libp2p would let this
+            # one through, and whichever landed first took the place (a DHT query's dial
+            # refused a newcomer's dial to a holder at its own cap).
+            raise SwarmException(f"{AT_CAP} (held for a dial of ours under way)")
+        return await self._dial(peer_id)
+
+    async def _dial(self, peer_id: Any) -> Any:
         try:
             return await self._dial_peer(peer_id)
         except Exception:
@@ -218,8 +271,10 @@ class _CapDials:
             raise
 
     async def upgrade_inbound_raw_conn(self, raw_conn: Any, maddr: Any) -> Any:
-        if self.make_room is not None and self.full():
-            await self.make_room(wanted=True)
+        room = self.keeper is None or await self.keeper.make_room(wanted=True)
+        if not room and not self.full():  # at the cap itself, py-libp2p refuses it (below)
+            await raw_conn.close()
+            raise SwarmException(f"{AT_CAP} (held for a dial of ours under way)")
         return await self._upgrade_inbound(raw_conn, maddr)
 
 
@@ -252,12 +307,12 @@ async def close_peers(host: Any, peers: Iterable[Any]) -> None:
             nursery.start_soon(close, peer)
 
 
-def set_make_room(host: Any, make_room: MakeRoom | None) -> None:
-    """What a host built with a ``connection_cap`` calls before it dials a new peer at its cap
+def set_room_keeper(host: Any, keeper: RoomKeeper | None) -> None:
+    """What a host built with a ``connection_cap`` asks before a new connection at its cap
     (``_CapDials``); ``None`` when its owner stops."""
     guard = getattr(getattr(host.get_network(), "dial_peer", None), "__self__", None)
     if isinstance(guard, _CapDials):
-        guard.make_room = make_room
+        guard.keeper = keeper
 
 
 class _GuardedMultiselect(Multiselect):

@@ -97,6 +97,9 @@ class ShardServer:
         self.token_ttl = token_ttl
         self._clock = clock
         self._open: dict[int, VersionFile] = {}
+        self.closed = False
+        """Serving ended (``close``): every version is refused as not held. The stream
+        handlers stay registered on the host (py-libp2p's, shared by the node's roles)."""
         self._tokens: dict[bytes, tuple[str, float]] = {}
         self.served_bytes = 0
         self.served_shards = 0
@@ -105,6 +108,9 @@ class ShardServer:
 
     # --- versions --------------------------------------------------------------------------
     def _version(self, version: int) -> VersionFile:
+        if self.closed:
+            self.refused += 1
+            raise ShardNotHeld(f"version {version} is not served here any more")
         vf = self._open.get(version)
         if vf is not None and not self.store.directory(version).exists():
             vf.close()  # pruned by retention
@@ -277,6 +283,7 @@ class ShardServer:
         return entry[0]
 
     def close(self) -> None:
+        self.closed = True
         for vf in self._open.values():
             vf.close()
         self._open.clear()

@@ -102,11 +102,10 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
         # A node that joins now fetches a version from several peers.
         stores = {i: ShardStore(tmp_path / f"store-{i}") for i in range(N + 1)}
         signed = publish(
-            # Big enough that the newcomer's fetch outlasts finding the holders (its peers are
-            # a sample of the run, and a provider-record lookup takes a second or two here):
-            # 2 MB came from the idle trainer alone in 0.3 s before any holder was known, and
-            # 8 MB in 2 s in a CI run. A real version is hundreds of MB, and a fetch asks the
-            # records again while it lasts (``swarm.shardcast.fetch.RECRUIT_MAX_S``).
+            # Big enough that the newcomer's fetch outlasts finding a second holder (its peers
+            # are a sample of the run, and a provider-record lookup takes a second or two
+            # here): 2 MB came from one peer in 0.3 s. A real version is hundreds of MB, and a
+            # fetch asks the records again while it lasts (``fetch.RECRUIT_MAX_S``).
             checkpoint(tmp_path / "policy.safetensors", VERSION_BYTES),
             key=net.trainer_keys[0],
             genesis=net.genesis,
@@ -121,53 +120,67 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
         for i in range(2, HOLDERS + 1):
             stores[i] = seeder_store(tmp_path / f"store-{i}", signed, data)
         fresh = await net.node("inference", connections=BOUNDS)
-        async with (
-            ShardcastService.start(trainer, net.genesis, stores[0]) as origin,
-            trio.open_nursery() as services,
-        ):
-            await origin.advertise(2)
+        async with trio.open_nursery() as services:
             # Every worker serves what it holds (as `join` does).
-            served = []
-            for i, w in enumerate(workers, start=1):
-                served.append(await services.start(_serve, w, net, stores[i]))
-            # The trainer, at its cap, refuses new connections until it trims: the copy may
-            # take a few tries.
-            with trio.fail_after(60):
-                while True:
-                    try:
-                        await served[0].fetch(2, only=[trainer.peer_id])
-                        break
-                    except PeerError as exc:
-                        phase(f"a copy failed: {exc}; {room(workers[0])}, {room(trainer)}")
-                        await trio.sleep(1.0)
-            phase("a worker copied the version from the trainer")
-            async with trio.open_nursery() as placing:  # as a fetch does once it is complete
-                for h in served[1:HOLDERS]:
-                    placing.start_soon(h.advertise, 2)
-            phase(f"{HOLDERS} workers hold the version")
-            # ... and their provider records are placed (the fetched copy's in the background:
-            # a DHT walk of seconds at a cap of 12). Asked by the validator, so that the
-            # newcomer's own lookup stays its own.
-            key = version_provider_key(run_id_of(net.genesis), 2)
-            holder_ids = {w.peer_id for w in workers[:HOLDERS]}
-            with trio.fail_after(60):
-                while True:
-                    try:
-                        named = set(await validator.overlay.records.find_providers(key))
-                    except NetworkError:
-                        named = set()
-                    if len(named & holder_ids) >= MIN_SOURCES:
-                        break
-                    await trio.sleep(0.5)
-            phase(f"the records name {len(named & holder_ids)} of them")
+            served = [
+                await services.start(_serve, w, net, stores[i])
+                for i, w in enumerate(workers, start=1)
+            ]
+            async with ShardcastService.start(trainer, net.genesis, stores[0]) as origin:
+                await origin.advertise(2)
+                # The trainer, at its cap, refuses new connections until it trims: the copy
+                # may take a few tries.
+                with trio.fail_after(60):
+                    while True:
+                        try:
+                            await served[0].fetch(2, only=[trainer.peer_id])
+                            break
+                        except PeerError as exc:
+                            phase(f"a copy failed: {exc}; {room(workers[0])}, {room(trainer)}")
+                            await trio.sleep(1.0)
+                phase("a worker copied the version from the trainer")
+                async with trio.open_nursery() as placing:  # as a fetch does once complete
+                    for h in served[1:HOLDERS]:
+                        placing.start_soon(h.advertise, 2)
+                phase(f"{HOLDERS} workers hold the version")
+                # ... and their provider records are placed (the fetched copy's in the
+                # background: a DHT walk of seconds at a cap of 12). Asked by the validator,
+                # so that the newcomer's own lookup stays its own.
+                key = version_provider_key(run_id_of(net.genesis), 2)
+                holder_ids = {w.peer_id for w in workers[:HOLDERS]}
+                # At caps of 12 (tighter than the DHT's 20 closest), a record placed while
+                # the closest peers sat at their caps reached too few of them: in 2 of 10
+                # runs the validator did not find 2 in 60 s. Every 15 s the holders place
+                # theirs again (the node does not republish; docs/RELIABILITY.md, section 5).
+                with trio.fail_after(90):
+                    asked_since = trio.current_time()
+                    while True:
+                        try:
+                            named = set(await validator.overlay.records.find_providers(key))
+                        except NetworkError:
+                            named = set()
+                        if len(named & holder_ids) >= MIN_SOURCES:
+                            break
+                        if trio.current_time() - asked_since > 15:
+                            phase(f"the records name {len(named & holder_ids)}: placed again")
+                            async with trio.open_nursery() as placing:
+                                for h in served[:HOLDERS]:
+                                    placing.start_soon(h.advertise, 2)
+                            asked_since = trio.current_time()
+                        await trio.sleep(0.5)
+                phase(f"the records name {len(named & holder_ids)} of them")
+            # The trainer stops serving (as one that restarts does): the newcomer's copy must
+            # come from the workers, which its sample of the run may not hold, dialed at its
+            # own cap. An idle trainer served the 16 MB in 3 s, sooner than the newcomer found
+            # the holders in some runs (a CI run's newcomer took all 245 shards from it).
             await wait_until(lambda: fresh.peers_by_role().get("trainer"), 60)
             newcomer = await services.start(_serve, fresh, net, stores[N])
-            # The holders, like the trainer, may sit at their cap for a moment after their own
-            # copies (a connection is not trimmed in its first 10 s): the newcomer tries again,
-            # as a node's policy feed does (a CI run's newcomer was refused by all 4 at once).
+            # The holders may sit at their cap for a moment after their own copies (a
+            # connection is not trimmed in its first 10 s): the newcomer tries again, as a
+            # node's policy feed does (a CI run's newcomer was refused by all 4 at once).
             # The newcomer's own room while it fetches, each time it is at its cap: its dials
-            # to holders were refused there ("Maximum connections limit reached" is the
-            # dialer's own cap; docs/RELIABILITY.md, section 5).
+            # to holders were refused there, two dials at once having closed the same
+            # connection for their room (docs/RELIABILITY.md, section 4).
             at_cap: list[tuple[float, tuple[str, int, int, int, int, int, int, list[str]]]] = []
 
             async def watch_newcomer() -> None:
@@ -198,6 +211,7 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
             phase(f"the newcomer fetched it: {board}; holders {holders}")
             sources = [p for p in got.progress.peers() if int(p["shards"]) > 0]  # type: ignore[call-overload]
             assert len(sources) >= 2, (board, holders)
+            assert {p["peer"] for p in sources} <= holder_ids, board  # not the trainer
             assert fresh.connections.count() <= BOUNDS.high
             services.cancel_scope.cancel()
         print(

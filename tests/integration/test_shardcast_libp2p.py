@@ -95,7 +95,8 @@ async def test_bad_stream_requests_are_refused_and_the_server_keeps_serving(
         trainer, receiver = await two_nodes(net)
         store = ShardStore(tmp_path / "trainer")
         ckpt = published(net, tmp_path, 100_000, store)
-        serve_shardcast(trainer, ShardServer(store))
+        server = ShardServer(store)
+        serve_shardcast(trainer, server)
         source = StreamShardSource(receiver, data_channel=False)
         with pytest.raises(PeerError, match="not held"):
             await fetch_manifest(source, [trainer.peer_id], net.genesis, 7)
@@ -114,6 +115,13 @@ async def test_bad_stream_requests_are_refused_and_the_server_keeps_serving(
             trainer.peer_id, SHARD, ShardRequest("get", 1, 1, 5, 20).to_bytes(), SHARD_LIMITS
         )
         assert piece == ckpt.read_bytes()[65_536 + 5 : 65_536 + 25]
+        # Once serving ends (``ShardcastService`` leaving its block), the handlers, still
+        # registered, serve nothing: every version is refused as not held.
+        server.close()
+        with pytest.raises(PeerError, match="not served here any more"):
+            await fetch_manifest(source, [trainer.peer_id], net.genesis, 1)
+        with pytest.raises(PeerError, match="not served here any more"):
+            await source.have(trainer.peer_id, 1)
 
 
 async def test_fetched_versions_are_advertised_and_re_served(tmp_path: Path) -> None:

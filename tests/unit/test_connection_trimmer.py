@@ -40,6 +40,8 @@ class FakeNetwork:
     closed: list[str] = field(default_factory=list)
     twice: set[str] = field(default_factory=set)
     """Peers with two connections (both dialed at once)."""
+    close_s: float = 0.0
+    """How long a close takes (py-libp2p's yamux sleeps 0.1 s after its GO_AWAY)."""
 
     def get_connections(self, peer: ID | None = None) -> list[FakeConn]:
         if peer is None:
@@ -49,6 +51,7 @@ class FakeNetwork:
 
     async def close_peer(self, peer: ID) -> None:
         self.closed.append(peer.to_base58())
+        await trio.sleep(self.close_s)
         del self.conns[peer.to_base58()]
 
 
@@ -191,6 +194,60 @@ async def test_a_peer_polled_for_nothing_may_go_for_a_connection_wanted_now() ->
     assert t.candidates() == [] and await t.check() == []
     assert t.candidates(wanted=True) == [PEERS[2]]
     assert await t.make_room(wanted=True) is True and network.closed == [PEERS[2]]
+
+
+async def test_dials_at_the_cap_at_once_each_get_their_own_room(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two requests of a fetch dial two holders at the cap at once: each closes its own
+    connection, and the room stays held until its dial is done. Before, both picked the
+    connection that was still closing and one dial was refused at our own cap."""
+    t, network, clock = trimmer({p: gossip_only() for p in PEERS[:6]}, high=6)
+    network.close_s = 0.1
+    t._ages(PEERS[:6])
+    clock.now += 11.0
+    landed: list[int] = []
+
+    async def dial(peer: str) -> None:
+        async with t.room(wanted=True) as made:
+            assert made
+            await trio.sleep(0.3)  # the handshake
+            network.conns[peer] = gossip_only()
+            landed.append(t.count())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(dial, PEERS[6])
+        await trio.sleep(0.05)  # the first close is under way
+        nursery.start_soon(dial, PEERS[7])
+    assert len(set(network.closed)) == len(network.closed) == 2
+    assert landed == [5, 6] and t._reserved == 0  # both under the cap
+
+
+async def test_a_connection_arriving_while_a_dial_holds_its_room_makes_its_own(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Under the cap by one, a dial of ours takes the last place; a connection arriving
+    during its handshake makes room for itself rather than take that place; once the dial
+    is done, its place counts as the connection it became."""
+    conns = {p: gossip_only() for p in PEERS[:5]}
+    t, network, clock = trimmer(conns, high=6)
+    t._ages(PEERS[:5])
+    clock.now += 11.0
+    async with t.room(wanted=True) as made:
+        assert made and network.closed == []  # room without closing anything
+        assert await t.make_room(wanted=True) is True and len(network.closed) == 1
+        network.conns[PEERS[6]] = gossip_only()  # the arriving one
+        network.conns[PEERS[5]] = gossip_only()  # our dial lands
+    assert t.count() == 6 and t._reserved == 0
+    assert await t.make_room() is True and len(network.closed) == 2
+
+
+async def test_a_dial_with_no_room_holds_none() -> None:
+    t, network, _ = trimmer({p: gossip_only() for p in PEERS[:6]}, high=6)
+    await t.check()  # every connection new: nothing may go
+    async with t.room() as made:
+        assert not made and t._reserved == 0
+    assert network.closed == []
 
 
 async def test_peers_outside_the_gossip_mesh_go_first() -> None:

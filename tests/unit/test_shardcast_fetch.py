@@ -22,6 +22,7 @@ from swarm.shardcast import (
     fetch_version,
     verify_manifest,
 )
+from swarm.shardcast.fetch import RECRUIT_AFTER_S
 from tests.shardcast_util import MALLORY, TRAINER, MemoryPeer, MemorySource, genesis, published
 
 FAST = FetchConfig(concurrency=4, stall_timeout=5.0, have_refresh=0.05, durable=False)
@@ -276,6 +277,36 @@ async def test_a_long_fetch_with_one_holder_asks_again_for_holders_that_came_lat
     first, second, third = asked
     assert third - second == pytest.approx(2 * (second - first))  # backing off
     assert stats(result, "late").shards > 0
+
+
+async def test_a_peer_slow_to_answer_does_not_hold_back_the_ask_for_more_holders(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """One holder among the receiver's peers, and one peer whose first answer takes 30 s: the
+    fetch asks for more holders ``RECRUIT_AFTER_S`` in, not once that answer comes (it waited
+    ``have_wait``, 5 s, and a 30-node run's newcomer took the whole version from one holder)."""
+    c = setup(tmp_path, {"holder": "ok", "slow": "ok", "far": "ok"})
+    c.source.peers["holder"].pace = 0.1  # seconds a chunk: about 4 s alone
+    c.source.peers["slow"].answer_after = 30.0
+    start = trio.current_time()
+    asked: list[float] = []
+
+    async def more_peers() -> list[str]:
+        asked.append(trio.current_time() - start)
+        return ["holder", "far"]
+
+    result = await fetch_version(
+        c.receiver,
+        c.signed,
+        c.source,
+        ["holder", "slow"],
+        config=FetchConfig(have_wait=5.0),
+        rng=random.Random(0),
+        more_peers=more_peers,
+    )
+    assert result.path.read_bytes() == c.data
+    assert asked and asked[0] == pytest.approx(RECRUIT_AFTER_S, abs=0.1)
+    assert stats(result, "far").shards > 0
 
 
 async def test_a_holder_that_refuses_connections_for_a_while_is_tried_again_not_dropped(
