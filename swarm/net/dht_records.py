@@ -154,9 +154,11 @@ class DhtRecords:
                 continue
         return out
 
-    async def provide(self, key: str) -> None:
+    async def provide(self, key: str) -> bool:
+        """Announce ourselves as a provider of ``key`` (hex) to the peers closest to it;
+        whether any of them took the record (py-libp2p says no more: not how many)."""
         try:
-            await self.dht.provide(key)
+            return bool(await self.dht.provide(key))
         except Exception as exc:
             raise NetworkError(f"publishing a provider record failed: {exc}") from exc
 
