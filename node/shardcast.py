@@ -41,8 +41,6 @@ MIB = 1024 * 1024
 ENOUGH_PROVIDERS = 8
 UPLOAD_SLOTS = 4
 """Spans a node sends at once (``ShardServer.max_uploads``); more askers are told it is busy."""
-ADVERTISE_RETRY_S = (2.0, 4.0, 8.0)
-"""Pauses before placing again a provider record no peer took (``ShardcastService.advertise``)."""
 SEED_COPIES = 2
 """Copies of each shard of its own version a trainer serves before it super-seeds (refers
 askers to the peers it gave it to; ``ShardServer.grant``), while 3 of its 4 upload slots are
@@ -192,24 +190,11 @@ class ShardcastService:
         return frozenset(self.progress.empty) if self.progress is not None else frozenset()
 
     async def advertise(self, version: int) -> None:
-        """Publish our provider record for ``version`` (best effort: logged on failure). A
-        record no peer took, or a failed attempt, is placed again after each pause of
-        ``ADVERTISE_RETRY_S``: a node at a cap of 12 whose closest peers sat at theirs placed
-        it nowhere, and no fetch outside its connections found it
-        (tests/integration/test_connection_bounds.py, docs/RELIABILITY.md)."""
-        key = version_provider_key(self.run_id, version)
-        for pause in (*ADVERTISE_RETRY_S, None):
-            try:
-                if await self.node.overlay.records.provide(key):
-                    return
-                why = "no peer took the record (the closest ones refused it or were gone)"
-            except NetworkError as exc:
-                why = str(exc)
-            if pause is None or self.stopping:
-                log.warning("could not advertise version %d: %s", version, why)
-                return
-            log.info("advertising version %d: %s; again in %g s", version, why, pause)
-            await trio.sleep(pause)
+        """Publish our provider record for ``version`` (best effort: logged on failure)."""
+        try:
+            await self.node.overlay.records.provide(version_provider_key(self.run_id, version))
+        except NetworkError as exc:
+            log.warning("could not advertise version %d: %s", version, exc)
 
     async def providers(self, version: int | None, *, records: bool = False) -> list[str]:
         """Peers that may hold ``version``: the trainers, every connected run peer (asking

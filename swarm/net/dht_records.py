@@ -154,11 +154,9 @@ class DhtRecords:
                 continue
         return out
 
-    async def provide(self, key: str) -> bool:
-        """Announce ourselves as a provider of ``key`` (hex) to the peers closest to it;
-        whether any of them took the record (py-libp2p says no more: not how many)."""
+    async def provide(self, key: str) -> None:
         try:
-            return bool(await self.dht.provide(key))
+            await self.dht.provide(key)
         except Exception as exc:
             raise NetworkError(f"publishing a provider record failed: {exc}") from exc
 

@@ -151,8 +151,7 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
                 # At caps of 12 (tighter than the DHT's 20 closest), a record placed while
                 # the closest peers sat at their caps reached too few of them: in 2 of 10
                 # runs the validator did not find 2 in 60 s. Every 15 s the holders place
-                # theirs again (a node does so only when no peer took it: py-libp2p does
-                # not say how many did; docs/RELIABILITY.md, section 5).
+                # theirs again (a node places it once; docs/RELIABILITY.md, section 5).
                 with trio.fail_after(90):
                     asked_since = trio.current_time()
                     while True:
