@@ -281,10 +281,11 @@ class ConnectionTrimmer:
         return (True, candidates[0]) if candidates else (False, None)
 
     async def make_room(self, *, wanted: bool = False) -> bool:
-        """Before a new connection (a dial of ours, one arriving): at the cap, trim the least
-        useful connection (our own host would refuse the new one otherwise). ``wanted``: a
-        connection arriving, or a request of ours (a transfer, a peer we protect), may push
-        out a young idle one (``ConnectionBounds.dial_grace_s``). False: none may go."""
+        """Before a new connection (a DHT query's dial, a peer we protect, one arriving): at
+        the cap, trim the least useful connection (our own host would refuse the new one
+        otherwise). ``wanted`` (one arriving) may push out a young idle one
+        (``ConnectionBounds.dial_grace_s``); a request's dial uses ``room``. False: none may
+        go."""
         made, victim = self._victim(wanted)
         if victim is not None:
             await self._close_one(victim)
