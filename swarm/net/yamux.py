@@ -12,10 +12,7 @@ here. Flow control is unchanged: a writer that used the whole window waits for a
 has read at least half of it, and that read sends the update.
 
 Measured on one 2-core machine, both hosts in one process (``bench/yamux_window.py``): a DHT
-request 20-28% less CPU (7.39 to 5.30 ms). A bulk stream there ran at 129-142 MiB/s when the
-window grew and about 70 when it stayed at 256 KiB (py-libp2p's ~100): py-libp2p grows it only
-when two updates come within 4 round trips, which on one loop the measured round trip decides
-(docs/BENCHMARKS.md, "Ninth pass").
+request 29% less CPU (6.46 to 4.63 ms), a bulk stream 92-103 to 129-135 MiB/s.
 
 A class attribute patched once per process: py-libp2p builds its streams inside ``Yamux``,
 with no hook to pass our own class. ``swarm/internals.py`` checks the name at start.
@@ -40,12 +37,13 @@ def install_go_yamux_window_updates() -> bool:
         return False
     if getattr(current, "_go_yamux_rule", False):
         return True
+    original = current
 
     async def past_half_a_window(self: Any, *, bytes_read: int = 0) -> None:
         # bytes_read=0: only py-libp2p's first path is left, the update once the window is
         # short by half or more (``_grow_threshold``), grown back whole and auto-tuned.
         del bytes_read
-        await current(self, bytes_read=0)
+        await original(self, bytes_read=0)
 
     past_half_a_window._go_yamux_rule = True  # type: ignore[attr-defined]
     setattr(YamuxStream, _NAME, past_half_a_window)
