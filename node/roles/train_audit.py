@@ -14,6 +14,10 @@ Decisions this module owns:
 - **No record.** The due validator of an announced version whose record has not arrived
   ``RECORD_WAIT_S`` after the announcement (the record sync runs meanwhile) disputes it as
   ``no-record``.
+- **Again, later.** A replay stopped by what may pass (the trainer gave no answer, the weights
+  were not fetched yet, a holder of cited work was silent: ``StepAudit.again``) is tried
+  ``AUDIT_AGAIN`` more times, ``AGAIN_S`` apart, before ``not-replayed`` is kept; the audits
+  of other versions go on meanwhile. A busy swarm otherwise loses coverage to one slow answer.
 - **Outcomes** are kept per version in ``training.db`` (``status``: ``training``).
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -44,6 +49,16 @@ log = logging.getLogger(__name__)
 
 RECORD_WAIT_S = 60.0
 QUEUE = 256
+AUDIT_AGAIN = 3
+AGAIN_S = 30.0
+
+
+@dataclass(frozen=True)
+class _Again:
+    """A record whose replay is tried again (``tries`` made so far)."""
+
+    record: Signed[TrainingRecord]
+    tries: int
 
 
 class TrainingAudits:
@@ -57,7 +72,7 @@ class TrainingAudits:
         self.replayed = 0
         self.disputes = 0
         self.last: dict[str, Any] | None = None
-        self._send, self._receive = trio.open_memory_channel[Signed[Any]](QUEUE)
+        self._send, self._receive = trio.open_memory_channel[Signed[Any] | _Again](QUEUE)
 
     # -- what arrives ----------------------------------------------------------------------------
 
@@ -88,17 +103,20 @@ class TrainingAudits:
     async def run(self) -> None:
         self.node.subscribe_ledger(self.on_gossip)
         self.node.policy.on_change(self.on_policy)
-        async with self._receive:
+        async with self._receive, trio.open_nursery() as self._later:
             async for item in self._receive:
+                version = (item.record if isinstance(item, _Again) else item).message.version
                 try:
-                    if isinstance(item.message, TrainingRecord):
+                    if isinstance(item, _Again):
+                        await self._replay(item.record, item.tries)
+                    elif isinstance(item.message, TrainingRecord):
                         await self._on_record(item)
                     else:
-                        await self._check_recorded(item.message.version)
+                        await self._check_recorded(version)
                 except SwarmError as exc:
-                    log.warning("training audit of v%d failed: %s", item.message.version, exc)
+                    log.warning("training audit of v%d failed: %s", version, exc)
                 except Exception:  # one bad item must not stop the audits of the rest
-                    log.exception("training audit of v%d failed", item.message.version)
+                    log.exception("training audit of v%d failed", version)
 
     async def _on_record(self, record: Signed[TrainingRecord]) -> None:
         r = record.message
@@ -111,15 +129,34 @@ class TrainingAudits:
             ):
                 await trio.sleep(1.0)
         await self._check_skips(record)
-        if not (self.due(r.version) and self.drawn(record)):
-            return
+        if self.due(r.version) and self.drawn(record):
+            await self._replay(record, 0)
+
+    async def _replay(self, record: Signed[TrainingRecord], tries: int) -> None:
+        r = record.message
         with trio.move_on_after(RECORD_WAIT_S):
             await self.node.policy.wait_for(r.version)
         # Of several trainers' round, one member's gradient is replayed: the draw picks it.
         pick = audit_draw(self.node.key.signature(AUDIT_DRAW_KIND, record.id) + b"member")
         result = await self.auditor.audit(record, pick)
+        if result.again and tries < AUDIT_AGAIN:
+            log.info(
+                "training audit of v%d not replayed (%s); again in %g s",
+                r.version,
+                result.detail,
+                AGAIN_S,
+            )
+            self._later.start_soon(self._again, _Again(record, tries + 1))
+            return
         self.replayed += result.outcome != "not-replayed"
         await self._settle(record, result)
+
+    async def _again(self, item: _Again) -> None:
+        await trio.sleep(AGAIN_S)
+        try:
+            self._send.send_nowait(item)
+        except trio.WouldBlock:
+            log.warning("training audit queue full; v%d not audited", item.record.message.version)
 
     async def _check_skips(self, record: Signed[TrainingRecord]) -> None:
         r = record.message

@@ -118,6 +118,9 @@ class StepAudit:
     """``agreed``, ``agreed-within-tolerance``, ``disputed`` or ``not-replayed``."""
     detail: str = ""
     findings: list[Finding] = field(default_factory=list)
+    again: bool = False
+    """Not replayed for a reason that may pass (a peer that gave no answer, weights not
+    fetched yet): worth another try later (``TrainingAudits``)."""
     update_error: float | None = None
     fetched_bytes: int = 0
     replay_seconds: float = 0.0
@@ -348,11 +351,15 @@ class StepAuditor:
             return out
         if unchecked:
             more = f" (and {len(unchecked) - 1} more)" if len(unchecked) > 1 else ""
-            return self._not(out, unchecked[0] + more)
+            return self._not(out, unchecked[0] + more, again=True)
         if published is None:
-            return self._not(out, f"v{r.version} was never announced, or no peer serves it")
+            why = f"the weights of v{r.version} were not fetched"
+            if self.node.policy.accepted.get(r.version) is None:
+                why += " (no announcement of it accepted here yet)"
+            return self._not(out, why, again=True)
         if missing:
-            return self._not(out, f"the weights of v{missing} are served by no peer")
+            why = f"the weights of v{missing} are held here no longer and were not fetched"
+            return self._not(out, why, again=True)
         state = await self._state_or_finding(out, record.signer, r.parent)
         if state is None:
             return out
@@ -432,7 +439,8 @@ class StepAuditor:
             if version <= newest - self.params.train_state_keep:
                 self._not(out, f"past the retention window: {exc}")
             elif not isinstance(exc, PeerError):  # unreachable, not refusing: no dispute
-                self._not(out, f"trainer {trainer[-8:]} did not answer for the {what}: {exc}")
+                why = f"trainer {trainer[-8:]} did not answer for the {what}: {exc}"
+                self._not(out, why, again=True)
             else:
                 out.findings.append(
                     Finding("state-mismatch", f"{what} of v{version} not served: {exc}")
@@ -622,9 +630,9 @@ class StepAuditor:
         return None
 
     @staticmethod
-    def _not(out: StepAudit, why: str) -> StepAudit:
+    def _not(out: StepAudit, why: str, *, again: bool = False) -> StepAudit:
         if not out.findings:
-            out.outcome, out.detail = "not-replayed", why
+            out.outcome, out.detail, out.again = "not-replayed", why, again
         return out
 
     async def _replay(self, args: dict[str, Any]) -> dict[str, Any]:

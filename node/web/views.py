@@ -37,7 +37,7 @@ import trio
 
 from node.bundle import pack_bundle, policy_of
 from node.web.queries import LedgerQueries
-from swarm.errors import SwarmError
+from swarm.errors import PeerError, SwarmError
 from swarm.evidence import address_of
 from swarm.ledger.evaluations import read_curve
 from swarm.ledger.training import read_disputes
@@ -60,6 +60,8 @@ M = TypeVar("M", bound=Message)
 MAX_VERSIONS_KEPT = 100_000
 HOLDER_VERSIONS = 8
 EVIDENCE_LIMITS = StreamLimits(max_request=256, max_response=8 * 1024 * 1024, timeout=10.0)
+EVIDENCE_ROUNDS = 3
+EVIDENCE_PAUSE_S = 1.0
 HIDDEN = "[hidden]"
 STATUS_EVERY_S = 0.5
 
@@ -253,23 +255,31 @@ class RunView:
         return None if raw is None else decode(raw, kind)  # signatures checked here
 
     async def _fetch(self, object_id: bytes) -> bytes | None:
-        for validator in self.genesis.message.validators:
-            if validator == self.peer_id:
-                continue
-            try:
-                raw = await request(
-                    self.host,
-                    validator,
-                    stream_protocol(self.run_id, EVIDENCE),
-                    object_id,
-                    EVIDENCE_LIMITS,
-                )
-            except SwarmError as exc:
-                log.info("evidence %s from %s: %s", object_id.hex()[:16], validator[-8:], exc)
-                continue
-            if address_of(raw) == object_id:
-                return raw
-            log.info("evidence %s from %s: other bytes", object_id.hex()[:16], validator[-8:])
+        """``object_id`` from the genesis validators: asked in turn, ``EVIDENCE_ROUNDS`` rounds
+        at most, a validator that refused (it holds no such object) not again. One missed answer
+        (a busy validator, a connection being replaced) is no reason to 404 a bundle."""
+        asked = [v for v in self.genesis.message.validators if v != self.peer_id]
+        for round_ in range(EVIDENCE_ROUNDS):
+            if round_:
+                await trio.sleep(EVIDENCE_PAUSE_S * round_)
+            for validator in list(asked):
+                try:
+                    raw = await request(
+                        self.host,
+                        validator,
+                        stream_protocol(self.run_id, EVIDENCE),
+                        object_id,
+                        EVIDENCE_LIMITS,
+                    )
+                except SwarmError as exc:
+                    log.info("evidence %s from %s: %s", object_id.hex()[:16], validator[-8:], exc)
+                    if isinstance(exc, PeerError):
+                        asked.remove(validator)  # an answer: not held there
+                    continue
+                if address_of(raw) == object_id:
+                    return raw
+                log.info("evidence %s from %s: other bytes", object_id.hex()[:16], validator[-8:])
+                asked.remove(validator)
         return None
 
 

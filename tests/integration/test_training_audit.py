@@ -127,10 +127,10 @@ async def test_training_audits_agree_with_honest_steps_and_dispute_each_cheat(
                 print("the learning-rate step had no kept group: its replay must agree")
                 del expected[2]
                 honest.add(2)
-            for version in honest:
-                assert outcomes[version][0] == "agreed", (outcomes, kept)
+            for version in sorted(honest):  # the version and its detail first: CI cuts long lines
+                assert outcomes[version][0] == "agreed", f"v{version}: {outcomes[version]}, {kept}"
             for version, reason in expected.items():
-                assert outcomes[version][0] == reason, (outcomes, kept)
+                assert outcomes[version][0] == reason, f"v{version}: {outcomes[version]}, {kept}"
             reasons = {d["reason"] for d in store.disputes()}
             assert set(expected.values()) <= reasons, store.disputes()
             # The left-out worker's work shows in the receipts: a later sample trained first.

@@ -434,3 +434,77 @@ async def test_a_round_with_a_member_that_committed_nothing_is_not_replayed(
     assert auditor.check_numbers(signed.message) == []
     result = await auditor.audit(signed)
     assert result.outcome == "not-replayed" and "committed no gradient" in result.detail
+
+
+async def test_a_replay_stopped_by_what_may_pass_is_tried_again_and_then_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The due validator's replay met a silent trainer: it is tried again later (the audits of
+    other versions go on meanwhile) and the outcome of the try that got through is kept; a
+    version that never gets through is kept ``not-replayed`` after ``AUDIT_AGAIN`` more tries,
+    and a reason that cannot pass (a rollback) is not tried again."""
+    import trio
+
+    from node.roles import train_audit
+    from node.roles.training_audit import StepAudit
+
+    monkeypatch.setattr(train_audit, "AGAIN_S", 0.01)
+    genesis = SimpleNamespace(
+        message=SimpleNamespace(
+            validators=(VALIDATOR.peer_id,), params=RunParams(train_audit_share=1.0)
+        )
+    )
+    accepted = trio.Event()
+    accepted.set()
+
+    class Policy:
+        async def wait_for(self, version: int) -> None:
+            await accepted.wait()
+
+        def on_change(self, callback: object) -> None:
+            pass
+
+    node = SimpleNamespace(
+        config=SimpleNamespace(genesis=genesis),
+        run_id=RUN,
+        peer_id=VALIDATOR.peer_id,
+        key=VALIDATOR,
+        policy=Policy(),
+        subscribe_ledger=lambda callback: None,
+    )
+    silent = "trainer did not answer for the state"
+    plan = {1: [True, False], 2: [True] * 9, 3: [False]}  # per try: silent (True) or not
+    asked: list[int] = []
+
+    class Auditor:
+        async def audit(self, signed: Signed[TrainingRecord], pick: float) -> StepAudit:
+            v = signed.message.version
+            asked.append(v)
+            if plan[v].pop(0):
+                return StepAudit(v, "not-replayed", silent, again=True)
+            if v == 3:
+                return StepAudit(v, "not-replayed", "a rollback to the weights of v1")
+            return StepAudit(v, "agreed")
+
+    store = TrainingStore(tmp_path / "training.db")
+    for v in (1, 2, 3):
+        assert train_auditor(RUN, v, [VALIDATOR.peer_id]) == VALIDATOR.peer_id
+    audits = train_audit.TrainingAudits(node, store, Auditor())  # type: ignore[arg-type]
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(audits.run)
+            for v in (1, 2, 3):
+                signed = record(v, [], min_version=v - 1)
+                store.add(signed)  # as the ledger gate does before the audit hears of it
+                audits.on_gossip(signed)
+            while len(store.audits()) < 3:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    outcomes = store.audits()
+    assert outcomes[1] == ("agreed", "") and outcomes[3][0] == "not-replayed"
+    assert outcomes[2] == ("not-replayed", silent)
+    assert asked.count(1) == 2 and asked.count(3) == 1
+    assert asked.count(2) == 1 + train_audit.AUDIT_AGAIN
+    assert asked.index(3) < asked.index(1, 1), "v3's audit did not wait for v1's next try"
+    assert audits.replayed == 1
+    store.close()

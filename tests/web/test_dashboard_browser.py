@@ -121,6 +121,10 @@ CLICK = """for (const r of document.querySelectorAll('#slashes-table tbody tr'))
     if (r.dataset.peer === arguments[0]) { r.querySelector('a.bundle').click(); return true; }
 } return false;"""
 
+HREF = """for (const r of document.querySelectorAll('#slashes-table tbody tr')) {
+    if (r.dataset.peer === arguments[0]) { return r.querySelector('a.bundle').href; }
+} return null;"""
+
 
 def _row(driver: Any, table: str, peer: str) -> list[str] | None:
     """The cells of ``peer``'s row as shown (read in one script: the page redraws live)."""
@@ -277,9 +281,18 @@ async def test_a_browser_sees_the_swarm_train_and_the_cheater_banned(tmp_path: P
         assert slash[-1] == "audit bundle"
 
         assert await in_browser(lambda: driver.execute_script(CLICK, cheater.peer_id))
-        bundle = await wait_until(
-            lambda: next((p for p in downloads.glob("bundle-*.msgpack")), None), 60, poll=0.2
-        )
+        try:
+            bundle = await wait_until(
+                lambda: next((p for p in downloads.glob("bundle-*.msgpack")), None), 60, poll=0.2
+            )
+        except WaitTimedOut as exc:  # what the link answers, asked again outside the browser
+            href = await in_browser(lambda: driver.execute_script(HREF, cheater.peer_id))
+            async with httpx.AsyncClient(timeout=60) as http:
+                got = await http.get(httpx.URL(url).join(href))
+            files = sorted(p.name for p in downloads.iterdir())
+            raise WaitTimedOut(
+                f"{exc}; in the folder {files}; {href} answers {got.status_code}: {got.text[:300]}"
+            ) from None
         # A role node serves its own view too (`join --http`): the validator's, from its ledger.
         mine = node_view(validator.node, validator.ledger.path, validator.feed)
         vurl = await nursery.start(serve_dashboard, mine, "127.0.0.1", 0)

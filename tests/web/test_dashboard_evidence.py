@@ -7,19 +7,24 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import msgpack
+import pytest
 import trio
 
 from node.bundle import pack_bundle
 from node.roles.evidence import EvidenceService
 from node.runtime import Node, RuntimeConfig
+from node.web import views
 from node.web.queries import LedgerQueries
 from node.web.views import HolderWatch, PolicyLog, RunView
 from swarm.evidence import EvidenceStore
 from swarm.identity import NodeKey
 from swarm.messages import PolicyAnnouncement, Signed, sign
+from swarm.net.names import EVIDENCE
+from swarm.net.protocols import EVIDENCE_LIMITS
 from tests import ledger_factory as lf
 from tests.netfactory import loopback_config
 
@@ -67,6 +72,48 @@ async def test_a_node_without_evidence_fetches_the_bundle_from_the_validator(
     assert unknown is None
     for q in (local, mine.queries):
         q.close()  # type: ignore[union-attr]
+    store.close()
+
+
+async def test_a_missed_answer_is_asked_again_and_a_refusal_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The validator misses its first answer (a busy node): the bundle still comes, on the
+    second round; an id it does not hold is asked once (its refusal is an answer)."""
+    monkeypatch.setattr(views, "EVIDENCE_LIMITS", replace(views.EVIDENCE_LIMITS, timeout=1.0))
+    monkeypatch.setattr(views, "EVIDENCE_PAUSE_S", 0.1)
+    store = lf.build(tmp_path / "validator.db", [lf.Work(CHEAT, 1, False)])
+    (subject,) = [bytes(e) for (e,) in store._db.execute(SLASHED)]
+    (here := tmp_path / "bootstrap").mkdir()
+    with sqlite3.connect(here / "ledger.db") as copy:
+        store._db.backup(copy)
+        copy.execute("DELETE FROM verdicts")
+    local = LedgerQueries(here / "ledger.db", initial_balance=100, ban_threshold=0)
+    asked: list[bytes] = []
+
+    async with Node.start(_config(lf.VALIDATOR, "validator", [])) as validator:
+        service = EvidenceService(validator, EvidenceStore.beside(store.path))
+        answer = service._on_request
+
+        async def slow_once(peer: str, body: bytes) -> bytes:
+            asked.append(body)
+            if len(asked) == 1:
+                await trio.sleep(3.0)  # past the asker's 1 s
+            return await answer(peer, body)
+
+        validator.handle(EVIDENCE, slow_once, EVIDENCE_LIMITS)
+        async with Node.start(
+            _config(NodeKey.from_seed(b"\x53" * 32), "inference", validator.overlay.addrs()[:1])
+        ) as viewer:
+            view = _view(local, viewer.overlay.host, viewer.peer_id)
+            with trio.fail_after(30):
+                fetched = await view.bundle(CHEAT.peer_id, subject)
+                before = len(asked)
+                unknown = await view.bundle(CHEAT.peer_id, b"\x00" * 32)
+    assert fetched is not None and msgpack.unpackb(fetched)["verdict"] == store.verdict_raw(subject)
+    assert asked[:2] == [subject, subject], "the missed verdict was asked again"
+    assert unknown is None and len(asked) == before + 1, "a refusal is not asked again"
+    local.close()
     store.close()
 
 
