@@ -112,28 +112,50 @@ with a ``training-dispute`` (tests/integration/test_training_audit.py):
 @dataclasses.dataclass(frozen=True)
 class TrainerCheat:
     """Which cheat a rogue trainer applies at which step (keyed by the version stepped from;
-    ``always``: at every step)."""
+    ``always``: at every step; ``first``: on the first ``count`` steps that train samples of
+    its own, ``picked`` keeping which)."""
 
     plan: dict[int, str] = dataclasses.field(default_factory=dict)
     always: str | None = None
+    first: str | None = None
+    count: int = 0
+    picked: set[int] = dataclasses.field(default_factory=set)
 
     def at(self, step: int) -> str | None:
         return self.plan.get(step, self.always)
 
+    def pick(self, step: int, samples: int) -> str | None:
+        """The cheat of ``step``, training ``samples`` samples of this trainer. A step picked
+        once stays picked (a round tried again cheats again)."""
+        if self.first is not None and (
+            step in self.picked or (samples > 0 and len(self.picked) < self.count)
+        ):
+            self.picked.add(step)
+            return self.first
+        return self.at(step)
+
 
 def trainer_cheat_by_spec(spec: str) -> TrainerCheat:
-    """``NAME`` (every step) or ``NAME@STEP[,NAME@STEP...]`` (the step's parent version)."""
+    """``NAME`` (every step), ``NAME@STEP[,NAME@STEP...]`` (the step's parent version), or
+    ``NAME*K``: the first K steps that train samples of this trainer (a member of several
+    trainers may have none in a round; a plan by step number may then test nothing)."""
     plan: dict[int, str] = {}
-    always = None
+    always = first = None
+    count = 0
     for part in spec.split(","):
-        name, _, at = part.strip().partition("@")
+        name, _, times = part.strip().partition("*")
+        name, _, at = name.partition("@")
         if name not in TRAINER_CHEATS:
             raise ConfigError(f"unknown trainer cheat {name!r}; one of {', '.join(TRAINER_CHEATS)}")
-        if not at:
+        if times:
+            if at or not times.isdigit() or int(times) < 1:
+                raise ConfigError(f"trainer cheat {part!r}: after * comes a count, 1 or more")
+            first, count = name, int(times)
+        elif not at:
             always = name
-            continue
-        try:
-            plan[int(at)] = name
-        except ValueError:
-            raise ConfigError(f"trainer cheat {part!r}: the step after @ is a number") from None
-    return TrainerCheat(plan, always)
+        else:
+            try:
+                plan[int(at)] = name
+            except ValueError:
+                raise ConfigError(f"trainer cheat {part!r}: the step after @ is a number") from None
+    return TrainerCheat(plan, always, first, count)

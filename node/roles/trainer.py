@@ -367,11 +367,11 @@ class Trainer:
         """A lone trainer's step: train, publish, watch for collapse."""
         child = self.child_or_fail()
         step = self.version
-        cheat = self.cheat.at(step) if self.cheat is not None else None
         batch = self.queue.take(
             step, self.params.submissions_per_step, min_version, skip_worker=self._skip_at(step)
         )
         groups = [g for _, gs in batch for g in gs]
+        cheat = self.cheat.pick(step, len(groups)) if self.cheat is not None else None
         cited = self.queue.cited_by(step)
         if cheat == "unaccepted-sample" and groups:
             # One more group, with rewards no validator gave, cited by a verdict nobody signed.

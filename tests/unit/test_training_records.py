@@ -227,6 +227,15 @@ def test_the_rogue_trainers_plan_parses_or_fails_in_one_line() -> None:
         trainer_cheat_by_spec("steal")
     with pytest.raises(ConfigError, match="number"):
         trainer_cheat_by_spec("learning-rate@x")
+    for bad in ("forge-gradient*0", "forge-gradient*x", "forge-gradient@1*2"):
+        with pytest.raises(ConfigError, match="a count, 1 or more"):
+            trainer_cheat_by_spec(bad)
+    # The first two steps that train samples of this trainer, whatever their numbers; a step
+    # picked stays picked when its round is tried again, with or without samples.
+    first: Any = trainer_cheat_by_spec("forge-gradient*2")
+    picks = [first.pick(s, n) for s, n in ((0, 0), (1, 3), (2, 0), (1, 0), (3, 1), (4, 5))]
+    assert picks == [None, "forge-gradient", None, "forge-gradient", "forge-gradient", None]
+    assert first.picked == {1, 3}
 
 
 def test_a_record_whose_numbers_are_not_the_genesis_is_wrong_params(tmp_path: Path) -> None:
