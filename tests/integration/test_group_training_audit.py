@@ -8,9 +8,9 @@ so B often has none in a round: forged rounds picked by number carried no sample
 runs (of ``bd727e8``, with two such rounds, and of ``45588ba``, with three). Every round's
 record carries both members' signed gradient commitments; ``audit --training`` from the swarm
 alone replays the averaging from the committed gradients and every member's gradient from its
-samples: a round where B's forged gradient
-carried samples is ``member-mismatch``, an honest averaged round agrees. The validator, which
-replays one member per round (its draw picks it), never disputes an honest round.
+samples: a round where B's forged gradient carried samples is ``member-mismatch``, an honest
+averaged round agrees. The validator, which replays one member per round (its draw picks it),
+never disputes an honest round.
 """
 
 from __future__ import annotations
