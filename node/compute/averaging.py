@@ -74,7 +74,15 @@ CHUNK_TIMEOUT_S = 10.0
 ROUND_LIMIT_S = 2 * (AVERAGING_TIMEOUT_S + ALLREDUCE_TIMEOUT_S)
 """The longest a round may take, group search and all-reduce together (hivemind retries
 once within its timeout), before it fails: a last guard should hivemind's own not fire."""
-MATCHMAKING_S = 1.0
+MATCHMAKING_S = 5.0
+"""hivemind's defaults for the group search (``min_matchmaking_time``, and ``REQUEST_S`` for
+``request_timeout``). With 1 s and 0.5 s (fine on a quiet machine, background/hivemind.md) two
+trainers on this busy 2-core box missed each other's deadlines: one saw a round with both, the
+other "could not find a group", 6-7 times on end (2 of 5 runs of the group training audit
+alone, 126-130 s against 74-76 s). With these: 4 runs of 75-86 s, one such failure in all. A
+full group (``target_group_size``) starts at once, so the longer window costs a healthy round
+nothing."""
+REQUEST_S = 3.0
 DHT_TIMEOUT_S = 5.0
 
 
@@ -126,7 +134,7 @@ class TrainerGroup:
             target_group_size=trainers,
             min_group_size=2,
             min_matchmaking_time=MATCHMAKING_S,
-            request_timeout=0.5,
+            request_timeout=REQUEST_S,
             part_size_bytes=4 << 20,
             # hivemind waits for a stuck (not dead) peer's parts forever by default, holding
             # the averaged tensors' lock: the trainer went silent for good (a CI run of
