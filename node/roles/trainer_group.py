@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -103,6 +103,8 @@ MEET_EVERY_S = 5.0
 """How long a trainer the swarm lists may be missing from the group's live set before we read
 its advert again and connect to it (``_meet_missing``); the gap doubles while it stays away."""
 MEET_MAX_S = 60.0
+HOLD_MARGIN_S = 1.0
+"""How long before an idle cut the publisher's liveness is read (``_hold_while_alive``)."""
 LOST_AFTER_S = 10.0
 """How long a version announced by a trainer that left the group must stay unfetchable before
 the others call it lost and go on without it."""
@@ -238,16 +240,20 @@ class GroupRounds:
     async def catch_up(self, known: int) -> None:
         """Continue from the swarm's newest version ``known`` (a round we were not in), or
         without it when it was lost with its publisher: nothing of it arrived for
-        ``LOST_AFTER_S`` (each try cut after ``ADOPT_WAIT_S`` without progress; a slow fetch
-        that makes progress is never cut nor called lost) and its publisher left the live set."""
+        ``LOST_AFTER_S`` (each try cut after ``ADOPT_WAIT_S`` without progress once its
+        publisher left the live set; a slow fetch that makes progress, or whose publisher
+        lives, is never cut nor called lost) and its publisher left the live set."""
         t = self.t
         since = self._unfetched_since.setdefault(known, time.monotonic())
         arrived: list[object] = []
         why = f"nothing arrived within {ADOPT_WAIT_S:g} s"
+        announced = t.node.policy.accepted.get(known)
+        publisher = None if announced is None else announced.signer
         try:
             attempt, progressed = _cut_when_idle(ADOPT_WAIT_S, arrived.append)
-            with attempt:
-                await t.feed.fetch_version(known, on_progress=progressed)
+            await self._watched(
+                attempt, publisher, lambda: t.feed.fetch_version(known, on_progress=progressed)
+            )
             if not attempt.cancelled_caught:
                 await t.adopt(known)  # the file is here: check its manifest, load it
                 self._unfetched_since.clear()
@@ -256,8 +262,6 @@ class GroupRounds:
             why = str(exc)
         if arrived:
             self._unfetched_since[known] = since = time.monotonic()
-        announced = t.node.policy.accepted.get(known)
-        publisher = None if announced is None else announced.signer
         live = await self._sync(self.child.live)
         if publisher in live or time.monotonic() - since < LOST_AFTER_S:
             log.warning("policy v%d not fetched yet (%s); retrying", known, why)
@@ -265,16 +269,48 @@ class GroupRounds:
             return
         await self._go_on_without(known, str(publisher), why)
 
-    async def _adopt_while_arriving(self, version: int) -> bool:
+    async def _adopt_while_arriving(self, version: int, publisher: str) -> bool:
         """Adopt ``version``; True once adopted, False when nothing of it arrived for
-        ``ADOPT_WAIT_S``. A fetch that makes progress is never cut: cut and begun again, a
-        copy slower than the wait (a first patch needs its whole base fetched first) would
-        never arrive."""
+        ``ADOPT_WAIT_S`` and ``publisher`` left the group. A fetch that makes progress is
+        never cut: cut and begun again, a copy slower than the wait (a first patch needs its
+        whole base fetched first) would never arrive."""
         scope, progressed = _cut_when_idle(ADOPT_WAIT_S)
+        await self._watched(scope, publisher, lambda: self.t.adopt(version, on_progress=progressed))
+        return not scope.cancelled_caught
+
+    async def _watched(
+        self, scope: trio.CancelScope, publisher: str | None, fetch: Callable[[], Awaitable[object]]
+    ) -> None:
+        """``fetch()`` inside ``scope``, its idle cut put off while ``publisher`` lives
+        (``_hold_while_alive``); the fetch's ``SwarmError`` is raised as it is, not in a group."""
+        failed: list[SwarmError] = []
         with scope:
-            await self.t.adopt(version, on_progress=progressed)
-            return True
-        return False
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._hold_while_alive, scope, publisher)
+                try:
+                    await fetch()
+                except SwarmError as exc:
+                    failed.append(exc)
+                nursery.cancel_scope.cancel()
+        if failed:
+            raise failed[0]
+
+    async def _hold_while_alive(self, scope: trio.CancelScope, publisher: str | None) -> None:
+        """Put the idle cut of ``scope`` (``_cut_when_idle``) off while ``publisher`` is in
+        the group's live set: a cut fetch begins again, and its lookups with it. A member
+        catching up on a patch fetches the patch's base first, and on a busy box the base's
+        manifest alone took 7 s: every 8 s try was cut before a shard arrived, and the member
+        sat out the group for 5 minutes (tests/integration/test_group_training_audit.py beside
+        two busy loops). The fetch's own stall timeouts still end a fetch that hangs."""
+        while publisher is not None:
+            await trio.sleep_until(scope.deadline - HOLD_MARGIN_S)
+            if scope.deadline - trio.current_time() > HOLD_MARGIN_S:
+                continue  # it made progress meanwhile
+            # Put off first: reading the live set (the group's DHT) may take seconds.
+            scope.deadline = trio.current_time() + ADOPT_WAIT_S
+            if publisher not in await self._sync(self.child.live):
+                scope.cancel()  # gone: cut now
+                return
 
     async def _go_on_without(self, lost: int, publisher: str, why: str) -> None:
         t, child = self.t, self.child
@@ -403,7 +439,7 @@ class GroupRounds:
             if known is not None and known >= new:
                 why = f"nothing arrived within {ADOPT_WAIT_S:g} s"
                 try:
-                    if await self._adopt_while_arriving(new):
+                    if await self._adopt_while_arriving(new, publisher):
                         return publisher
                 except SwarmError as exc:
                     why = str(exc)

@@ -147,6 +147,36 @@ async def test_a_version_whose_publisher_lives_is_never_called_lost(
     assert not child.lost_versions and t.version == 3
 
 
+async def test_a_slow_fetch_is_cut_only_once_its_publisher_left_the_group(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A fetch with nothing arrived for 30 s (a patch's base: its manifest, its provider
+    lookups, on a busy box) goes on while the version's publisher lives, and is cut about
+    ``ADOPT_WAIT_S`` after that once it has left (a cut fetch begins again from scratch)."""
+
+    class SlowTrainer(FakeTrainer):
+        async def fetch_version(self, version: int, on_progress: Any = None) -> None:
+            await trio.sleep(30.0)  # no progress all along
+
+    for live, adopted in (({"me": 3, "slow": 3}, 5), ({"me": 3}, 3)):
+        child = FakeChild(live_peers=live)
+        t = SlowTrainer(child, 3, {5: "slow"}, SampleQueue(tmp_path / f"q{len(live)}.db"))
+        rounds = GroupRounds(t)  # type: ignore[arg-type]
+
+        async def inline(fn: Any, *args: Any) -> Any:  # a thread would let the clock jump
+            return fn(*args)
+
+        rounds._sync = inline  # type: ignore[method-assign]
+        start = trio.current_time()
+        await rounds.catch_up(5)
+        took = trio.current_time() - start
+        assert t.version == adopted, (live, took)
+        if adopted == 3:  # cut: the deadline, the liveness read, then catch_up's 1 s pause
+            assert took < trainer_group.ADOPT_WAIT_S + 2, took
+        else:  # adopt fetched again (the fake is slow there too): both ran whole
+            assert took >= 60.0, took
+
+
 async def test_the_publisher_of_a_lost_version_gives_its_samples_back(tmp_path: Path) -> None:
     """On restart, the samples a trainer trained into a version recorded lost go back to its
     queue (they train once, in the lineage that went on)."""
