@@ -239,10 +239,10 @@ class GroupRounds:
 
     async def catch_up(self, known: int) -> None:
         """Continue from the swarm's newest version ``known`` (a round we were not in), or
-        without it when it was lost with its publisher: nothing of it arrived for
-        ``LOST_AFTER_S`` (each try cut after ``ADOPT_WAIT_S`` without progress once its
-        publisher left the live set; a slow fetch that makes progress, or whose publisher
-        lives, is never cut nor called lost) and its publisher left the live set."""
+        without it when it was lost with its publisher: its publisher left the live set and
+        nothing of it arrived for ``LOST_AFTER_S``. A try is cut after ``ADOPT_WAIT_S``
+        without progress only once the publisher has left (``_hold_while_alive``); a slow
+        fetch that makes progress is never cut nor called lost."""
         t = self.t
         since = self._unfetched_since.setdefault(known, time.monotonic())
         arrived: list[object] = []

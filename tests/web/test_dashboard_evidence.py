@@ -5,8 +5,9 @@ the announcement of its version when the node holds one."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from node.web.queries import LedgerQueries
 from node.web.views import HolderWatch, PolicyLog, RunView
 from swarm.evidence import EvidenceStore
 from swarm.identity import NodeKey
+from swarm.ledger import LedgerStore
 from swarm.messages import PolicyAnnouncement, Signed, sign
 from swarm.net.names import EVIDENCE
 from swarm.net.protocols import EVIDENCE_LIMITS
@@ -50,20 +52,13 @@ async def test_a_node_without_evidence_fetches_the_bundle_from_the_validator(
     work = [lf.Work(WORKER, 1, True), lf.Work(CHEAT, 1, False, reasons=("wrong token",))]
     store = lf.build(tmp_path / "validator.db", work)
     (subject,) = [bytes(e) for (e,) in store._db.execute(SLASHED)]
-    (here := tmp_path / "bootstrap").mkdir()
-    with sqlite3.connect(here / "ledger.db") as copy:  # the same ledger, without evidence.db
-        store._db.backup(copy)
-        copy.execute("DELETE FROM verdicts")  # and without the verdicts: all from the validator
-    local = LedgerQueries(here / "ledger.db", initial_balance=100, ban_threshold=0)
+    local = _without_evidence(store, tmp_path)
     assert local.envelope(subject) is None  # this node holds nothing of it
     mine = _view(LedgerQueries(store.path, initial_balance=100, ban_threshold=0), None, "")
 
     async with Node.start(_config(lf.VALIDATOR, "validator", [])) as validator:
         EvidenceService(validator, EvidenceStore.beside(store.path)).serve()
-        async with Node.start(
-            _config(NodeKey.from_seed(b"\x53" * 32), "inference", validator.overlay.addrs()[:1])
-        ) as viewer:
-            view = _view(local, viewer.overlay.host, viewer.peer_id)
+        async with _viewer(validator, local) as view:
             with trio.fail_after(30):
                 fetched = await view.bundle(CHEAT.peer_id, subject)
                 unknown = await view.bundle(CHEAT.peer_id, b"\x00" * 32)
@@ -84,11 +79,7 @@ async def test_a_missed_answer_is_asked_again_and_a_refusal_is_not(
     monkeypatch.setattr(views, "EVIDENCE_PAUSE_S", 0.1)
     store = lf.build(tmp_path / "validator.db", [lf.Work(CHEAT, 1, False)])
     (subject,) = [bytes(e) for (e,) in store._db.execute(SLASHED)]
-    (here := tmp_path / "bootstrap").mkdir()
-    with sqlite3.connect(here / "ledger.db") as copy:
-        store._db.backup(copy)
-        copy.execute("DELETE FROM verdicts")
-    local = LedgerQueries(here / "ledger.db", initial_balance=100, ban_threshold=0)
+    local = _without_evidence(store, tmp_path)
     asked: list[bytes] = []
 
     async with Node.start(_config(lf.VALIDATOR, "validator", [])) as validator:
@@ -102,10 +93,7 @@ async def test_a_missed_answer_is_asked_again_and_a_refusal_is_not(
             return await answer(peer, body)
 
         validator.handle(EVIDENCE, slow_once, EVIDENCE_LIMITS)
-        async with Node.start(
-            _config(NodeKey.from_seed(b"\x53" * 32), "inference", validator.overlay.addrs()[:1])
-        ) as viewer:
-            view = _view(local, viewer.overlay.host, viewer.peer_id)
+        async with _viewer(validator, local) as view:
             with trio.fail_after(30):
                 fetched = await view.bundle(CHEAT.peer_id, subject)
                 before = len(asked)
@@ -115,6 +103,24 @@ async def test_a_missed_answer_is_asked_again_and_a_refusal_is_not(
     assert unknown is None and len(asked) == before + 1, "a refusal is not asked again"
     local.close()
     store.close()
+
+
+def _without_evidence(store: LedgerStore, tmp_path: Path) -> LedgerQueries:
+    """The queries of a node that holds the same ledger but none of its evidence: no
+    evidence.db, and no verdicts either (all from the validator)."""
+    (here := tmp_path / "bootstrap").mkdir()
+    with sqlite3.connect(here / "ledger.db") as copy:
+        store._db.backup(copy)
+        copy.execute("DELETE FROM verdicts")
+    return LedgerQueries(here / "ledger.db", initial_balance=100, ban_threshold=0)
+
+
+@contextlib.asynccontextmanager
+async def _viewer(validator: Node, local: LedgerQueries) -> AsyncIterator[RunView]:
+    """The view of a node joined to ``validator`` whose ledger is ``local``."""
+    config = _config(NodeKey.from_seed(b"\x53" * 32), "inference", validator.overlay.addrs()[:1])
+    async with Node.start(config) as viewer:
+        yield _view(local, viewer.overlay.host, viewer.peer_id)
 
 
 def _view(
