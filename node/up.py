@@ -16,8 +16,8 @@ import ctypes
 import json
 import logging
 import os
-import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -66,9 +66,31 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Children get SIGTERM if ``up`` itself dies (kill -9 included): no orphaned swarm."""
+    """Children get SIGTERM if ``up`` itself dies (kill -9 included): no orphaned swarm. And
+    SIGINT stops them (``stop``) even when ``up`` was started with it ignored, as a shell
+    starts a script's background jobs: an ignored signal stays ignored across exec, and the
+    children of such an ``up`` ran on through its SIGINT until their SIGKILL (their databases
+    never checkpointed)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def copy_database(source: Path, dest: Path) -> None:
+    """Copy a node's SQLite file with what its write-ahead log holds (SQLite's backup API). A
+    file copy takes the main file alone: the stores run in WAL mode, and a node stopped by
+    SIGKILL (past ``LocalSwarm.stop``'s grace) had checkpointed nothing, so the copied ledger held
+    no table and the audit failed ("no such table")."""
+    dest.unlink(missing_ok=True)
+    reading = f"{source.resolve().as_uri()}?mode=ro"
+    try:
+        with (
+            contextlib.closing(sqlite3.connect(reading, uri=True)) as src,
+            contextlib.closing(sqlite3.connect(dest)) as into,
+        ):
+            src.backup(into)
+    except sqlite3.DatabaseError as exc:
+        raise StorageError(f"cannot copy {source} to {dest}: {exc}") from exc
 
 
 @dataclass
@@ -311,6 +333,7 @@ class LocalSwarm:
             try:
                 proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0f s of SIGINT: killed", proc.name, grace)
                 proc.popen.kill()
                 proc.popen.wait()
 
@@ -347,13 +370,13 @@ class LocalSwarm:
 
         ledger = self.validator_ledger()
         if ledger.exists():
-            shutil.copy2(ledger, self.out / "ledger.db")
+            copy_database(ledger, self.out / "ledger.db")
             evidence = ledger.with_name("evidence.db")  # what the audit replays (by id)
             if evidence.exists():
-                shutil.copy2(evidence, self.out / "evidence.db")
+                copy_database(evidence, self.out / "evidence.db")
             evaluations = ledger.with_name(EvaluationStore.FILE)  # the held-out curve
             if evaluations.exists():
-                shutil.copy2(evaluations, self.out / EvaluationStore.FILE)
+                copy_database(evaluations, self.out / EvaluationStore.FILE)
             summary |= _evaluation_facts(read_curve(self.out / "ledger.db"))
             summary |= self._ledger_facts(self.out / "ledger.db")
             summary["policy_bytes"] = self._policy_bytes()
