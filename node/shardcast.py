@@ -133,6 +133,8 @@ class ShardcastService:
     """The service is stopping: a fetch that still finishes publishes no provider record."""
     _holders: dict[int, set[str]] = field(default_factory=dict)
     """Per version, the peers its provider records named (tried first; a few versions)."""
+    _lacking: frozenset[str] = frozenset()
+    """The peers the running fetch asked for its manifest in vain (``expendable``)."""
 
     @classmethod
     @asynccontextmanager
@@ -185,9 +187,14 @@ class ShardcastService:
         return run_id_of(self.genesis)
 
     def expendable(self) -> frozenset[str]:
-        """The peers the running fetch polls that hold none of its version
-        (``ConnectionTrimmer.expendable``)."""
-        return frozenset(self.progress.empty) if self.progress is not None else frozenset()
+        """The peers the running fetch has no use for (``ConnectionTrimmer.expendable``): those
+        it polls that hold none of its version, and those it asked for the manifest in vain.
+        Each such ask left its peer in use for ``ConnectionBounds.in_use_s``: a newcomer at
+        its cap, its connections all peers that had answered "not held", could make no room
+        for the holders its provider records named, and its fetch failed at its own cap (2 of
+        15 runs of ``tests/integration/test_connection_bounds.py``)."""
+        empty = frozenset(self.progress.empty) if self.progress is not None else frozenset()
+        return empty | self._lacking
 
     async def advertise(self, version: int) -> None:
         """Publish our provider record for ``version`` (best effort: logged on failure)."""
@@ -264,6 +271,7 @@ class ShardcastService:
             return manifest
         finally:
             source.close()
+            self._lacking = frozenset()
 
     async def _manifest_and_peers(
         self, source: StreamShardSource, version: int | None, peers: list[str], only: bool
@@ -282,7 +290,12 @@ class ShardcastService:
             if only or version is None:
                 raise
             log.info("no connected peer held v%d: asking its provider records", version)
+        asked = peers
         peers = self._sample(await self.providers(version, records=True))
+        # Until the fetch ends (``fetch``); one its records name may have its copy since, and
+        # a trainer is the origin of every version.
+        self._lacking = frozenset(asked) - self._holders.get(version, set())
+        self._lacking -= set(self.genesis.message.trainers)
         manifest = await fetch_manifest(
             source, peers, self.genesis, version, origins=self.genesis.message.trainers
         )
@@ -346,6 +359,7 @@ class ShardcastService:
             )
         finally:
             source.close()
+            self._lacking = frozenset()
             self._count_paths(source, version, peers)
         # The provider record is best effort and takes a DHT walk (seconds under load): the
         # copy is usable, and served to connected peers, before it is published.
