@@ -290,12 +290,11 @@ class ShardcastService:
             if only or version is None:
                 raise
             log.info("no connected peer held v%d: asking its provider records", version)
-        asked = peers
+        # Until the fetch ends (``fetch``), the record lookup's own dials included; a trainer
+        # is the origin of every version, and one the records name may have its copy since.
+        self._lacking = frozenset(peers) - set(self.genesis.message.trainers)
         peers = self._sample(await self.providers(version, records=True))
-        # Until the fetch ends (``fetch``); one its records name may have its copy since, and
-        # a trainer is the origin of every version.
-        self._lacking = frozenset(asked) - self._holders.get(version, set())
-        self._lacking -= set(self.genesis.message.trainers)
+        self._lacking -= self._holders.get(version, set())
         manifest = await fetch_manifest(
             source, peers, self.genesis, version, origins=self.genesis.message.trainers
         )

@@ -203,16 +203,21 @@ class ConnectionTrimmer:
         self._last_stream = {p: t for p, t in self._last_stream.items() if p in seen}
         return {p: now - t for p, t in seen.items()}
 
-    def candidates(self, *, wanted: bool = False) -> list[str]:
+    def candidates(self, *, wanted: bool = False, spare: bool | None = None) -> list[str]:
         """Peers that may be trimmed now, least useful first. ``wanted``: for a connection
         wanted now (arriving at the cap, a request of ours), a connection of ours past
-        ``dial_grace_s`` may go too."""
+        ``dial_grace_s`` may go too. ``spare`` (default: ``wanted``): so may the peers our
+        fetch has no use for (``expendable``), past ``dial_grace_s``; ``make_room`` lets any
+        new connection of ours take their place (a DHT query's too: a newcomer at its cap,
+        its connections peers that had answered "not held", found no holder in its
+        version's provider records for 60 s, every query's dial refused at its own cap), the
+        periodic trim does not (a fetch still polls them)."""
         peers = [str(p) for p in self.host.get_connected_peers()]
         ages = self._ages(peers)
         keep = set(self.protected())
         mesh = set(self.mesh())
 
-        spare = set(self.expendable()) if wanted else set()
+        spare_peers = set(self.expendable()) if (wanted if spare is None else spare) else set()
 
         def old_enough(peer: str) -> bool:
             if ages[peer] >= self.bounds.grace_s:
@@ -225,12 +230,14 @@ class ConnectionTrimmer:
         def may_go(peer: str) -> bool:
             if peer in keep:
                 return False
-            if peer in spare:  # polled for nothing yet: in use for no transfer
+            if peer in spare_peers:  # polled for nothing yet: in use for no transfer
                 return ages[peer] >= self.bounds.dial_grace_s
             return old_enough(peer) and not self.in_use(peer)
 
         free = [p for p in peers if p not in self._closing and may_go(p)]
-        return sorted(free, key=lambda p: (p not in spare, p in mesh, young_theirs(p), -ages[p]))
+        return sorted(
+            free, key=lambda p: (p not in spare_peers, p in mesh, young_theirs(p), -ages[p])
+        )
 
     def _ours(self, peer: str) -> bool:
         """Every connection to ``peer`` is one we opened (py-libp2p's ``direction``)."""
@@ -277,7 +284,7 @@ class ConnectionTrimmer:
         """(is there room for one more connection, the connection to close for it)."""
         if self._held_soon() < self.bounds.high:
             return True, None
-        candidates = self.candidates(wanted=wanted)
+        candidates = self.candidates(wanted=wanted, spare=True)
         return (True, candidates[0]) if candidates else (False, None)
 
     async def make_room(self, *, wanted: bool = False) -> bool:

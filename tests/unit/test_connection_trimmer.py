@@ -196,6 +196,23 @@ async def test_a_peer_polled_for_nothing_may_go_for_a_connection_wanted_now() ->
     assert await t.make_room(wanted=True) is True and network.closed == [PEERS[2]]
 
 
+async def test_a_peer_polled_for_nothing_may_go_for_any_dial_of_ours_but_not_the_trim() -> None:
+    """A DHT query's dial (not wanted) at the cap may push out a peer our fetch has no use
+    for: a newcomer whose connections had all answered "not held" found no holder in the
+    version's provider records for 60 s, every query's dial refused at its own cap. Nothing
+    else in use may go for it, and the periodic trim keeps them all."""
+    busy = [FakeStream("/meshsub/1.1.0"), FakeStream("/swarm-node/r/shard/1")]
+    t, network, clock = trimmer({p: FakeConn(list(busy)) for p in PEERS[:6]}, high=6)
+    t.expendable = lambda: {PEERS[4]}
+    t._ages(PEERS[:6])
+    clock.now += 3.0
+    assert await t.check() == [] and network.closed == []
+    assert await t.make_room() is True and network.closed == [PEERS[4]]
+    t.expendable = frozenset
+    network.conns[PEERS[6]] = FakeConn(list(busy))  # at the cap again
+    assert await t.make_room() is False and network.closed == [PEERS[4]]
+
+
 async def test_dials_at_the_cap_at_once_each_get_their_own_room(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -18,8 +18,13 @@ from tests.shardcast_util import TRAINER, published
 class _Records:
     def __init__(self, holders: list[str]) -> None:
         self.holders = holders
+        self.node: _Node | None = None
+        self.spare_while_asked: list[set[str]] = []
 
     async def find_providers(self, key: bytes) -> list[str]:
+        # What the lookup's own dials (a DHT walk at our cap) may push out meanwhile.
+        assert self.node is not None and self.node.service is not None
+        self.spare_while_asked.append(set(self.node.service.expendable()))
         return list(self.holders)
 
 
@@ -44,6 +49,7 @@ class _Node:
 
     def __init__(self, connected: list[str], holders: list[str], manifest: bytes) -> None:
         self.overlay = _Overlay(connected, holders)
+        self.overlay.records.node = self
         self.holders = set(holders)
         self.manifest = manifest
         self.service: ShardcastService | None = None
@@ -67,10 +73,10 @@ async def test_the_peers_asked_for_the_manifest_in_vain_may_go_while_the_holders
     tmp_path: Path,
 ) -> None:
     """A newcomer whose connected peers all answer "not held" asks the version's provider
-    records; while it dials their holders (at its cap), the peers that answered "not held"
-    are expendable (each ask left them in use for ``in_use_s``, and a newcomer at its cap
-    failed its dials to the holders: docs/RELIABILITY.md), the holders are not, and once the
-    fetch ends nothing is."""
+    records; while it asks them and dials their holders (at its cap), the peers that
+    answered "not held" are expendable (each ask left them in use for ``in_use_s``, and a
+    newcomer at its cap failed its dials to the holders: docs/RELIABILITY.md), the holders
+    are not, and once the fetch ends nothing is."""
     g, signed, _ = published(tmp_path)
     empty = [f"empty-{i}" for i in range(ENOUGH_PROVIDERS)]  # enough: no records asked first
     holders = ["holder-a", "holder-b"]
@@ -83,6 +89,7 @@ async def test_the_peers_asked_for_the_manifest_in_vain_may_go_while_the_holders
 
     assert got.message == signed.message
     assert set(empty) <= set(node.asked) and set(node.asked) & set(holders)
+    assert node.overlay.records.spare_while_asked == [set(empty)]
     assert node.spare_when_holders_asked == set(empty)
     assert service.expendable() == frozenset()
 
