@@ -191,7 +191,11 @@ class StepAuditor:
                 )
             )
         floor = max(0, record.parent - self.params.async_level)
-        if record.min_version < floor:
+        # A rollback is no step: it cites nothing, and its trainer signs it with the window of
+        # the step that collapsed, whose parent is one lower (``Trainer``): judged by its own
+        # parent, an honest rollback was "outside-window" (a CI run's role-healing test).
+        rollback = numbers.get("rollback_to") is not None and not record.verdicts
+        if record.min_version < floor and not rollback:
             out.append(
                 Finding(
                     "outside-window",

@@ -278,6 +278,15 @@ def test_a_record_whose_numbers_are_not_the_genesis_is_wrong_params(tmp_path: Pa
     early = TrainingRecord(**{**_fields(honest), "min_version": 1})
     (finding,) = auditor.check_numbers(early)
     assert finding.reason == "outside-window" and "below v2" in finding.detail
+    # A rollback cites nothing and carries the window of the step that collapsed (its parent
+    # one lower): no window to be outside of. One that cites work is checked as a step.
+    rolled = json.dumps(json.loads(honest.config) | {"rollback_to": 3})
+    rollback = TrainingRecord(**{**_fields(honest), "min_version": 1, "config": rolled})
+    assert auditor.check_numbers(rollback) == []
+    citing = record(5, [b"\x01" * 32], min_version=1).message
+    citing = TrainingRecord(**{**_fields(citing), "config": rolled})
+    (finding,) = auditor.check_numbers(citing)
+    assert finding.reason == "outside-window"
 
 
 async def test_a_cited_verdict_is_unknown_only_when_every_validator_denies_it(
