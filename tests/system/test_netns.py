@@ -175,12 +175,23 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
         kept_from = min(swarm.queue_versions() or [0])
         return {s for s, v in credit_versions if v >= kept_from} <= set(queue)
 
-    wait_for(
-        kept_credits_queued,
-        90,
-        f"every credited submission in the trainer's sample queue ({swarm.handoffs()})",
-        swarm,
-    )
+    try:
+        wait_for(
+            kept_credits_queued,
+            90,
+            f"every credited submission in the trainer's sample queue ({swarm.handoffs()})",
+            swarm,
+        )
+    except AssertionError as exc:  # which ones, of which versions, against what is kept
+        kept_from = min(swarm.queue_versions() or [0])
+        queued = set(swarm.trainer_queue())
+        missing = [
+            (s.hex()[:12], v) for s, v in credit_versions if v >= kept_from and s not in queued
+        ]
+        raise AssertionError(
+            f"missing (submission, version): {missing}; the queue keeps v{kept_from} and on,"
+            f" {len(queued)} queued\n{exc}"
+        ) from None
     queue = swarm.trainer_queue()
     trained = [sid for sid, step in queue.items() if step is not None]
     assert len(trained) == len(set(trained))  # one row, one reserving step per submission
