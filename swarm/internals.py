@@ -75,12 +75,6 @@ LIBP2P: tuple[Internal, ...] = (
         "network",
     ),
     Internal(
-        "libp2p.stream_muxer.yamux.yamux:YamuxStream",
-        "_auto_tune_and_send_window_update",
-        "go-yamux's window updates (py-libp2p's sends one after every read: a third more CPU"
-        " per DHT request, swarm/net/yamux.py)",
-    ),
-    Internal(
         "libp2p.network.swarm:Swarm",
         "unblock_peer",
         "redialing a restarted peer within py-libp2p's 60 s dial backoff",

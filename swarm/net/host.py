@@ -31,7 +31,6 @@ from libp2p.utils.address_validation import expand_wildcard_address
 
 from swarm.errors import ConfigError
 from swarm.identity import NodeKey, public_from_peer_id
-from swarm.net.yamux import install_go_yamux_window_updates
 
 DEFAULT_LISTEN = ("/ip4/0.0.0.0/tcp/4001",)
 UNBOUNDED = 1_000_000
@@ -111,7 +110,6 @@ def build_host(
     Raises ``ConfigError`` for a malformed listen address.
     """
     addrs = [parse_multiaddr(a) for a in listen]
-    install_go_yamux_window_updates()  # a window update per half window, not per read
     rcmgr = None  # None: py-libp2p builds its default resource manager
     if limits is not None:
         rcmgr = new_resource_manager(
