@@ -170,27 +170,28 @@ def test_five_hosts_survive_kill9_partition_and_a_dead_bootstrap(swarm: Swarm) -
     # dropped after each checkpoint): every credited submission of those must be there.
     credit_versions = swarm.credited_versions("validator")
 
-    def kept_credits_queued() -> bool:
-        queue = swarm.trainer_queue()
+    def missing_credits() -> tuple[list[tuple[str, int]], int, int]:
+        """(credited submissions of a kept version not queued, the oldest version kept, the
+        submissions queued)."""
+        queued = set(swarm.trainer_queue())
         kept_from = min(swarm.queue_versions() or [0])
-        return {s for s, v in credit_versions if v >= kept_from} <= set(queue)
+        missing = [
+            (s.hex()[:12], v) for s, v in credit_versions if v >= kept_from and s not in queued
+        ]
+        return missing, kept_from, len(queued)
 
     try:
         wait_for(
-            kept_credits_queued,
+            lambda: not missing_credits()[0],
             90,
             f"every credited submission in the trainer's sample queue ({swarm.handoffs()})",
             swarm,
         )
     except AssertionError as exc:  # which ones, of which versions, against what is kept
-        kept_from = min(swarm.queue_versions() or [0])
-        queued = set(swarm.trainer_queue())
-        missing = [
-            (s.hex()[:12], v) for s, v in credit_versions if v >= kept_from and s not in queued
-        ]
+        missing, kept_from, queued = missing_credits()
         raise AssertionError(
             f"missing (submission, version): {missing}; the queue keeps v{kept_from} and on,"
-            f" {len(queued)} queued\n{exc}"
+            f" {queued} queued\n{exc}"
         ) from None
     queue = swarm.trainer_queue()
     trained = [sid for sid, step in queue.items() if step is not None]
