@@ -30,6 +30,7 @@ complete, and the next fetch resumes where this one stopped.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -55,6 +56,8 @@ from swarm.shardcast.source import (
     ShardSource,
 )
 from swarm.shardcast.store import ShardStore, VersionFile
+
+log = logging.getLogger(__name__)
 
 __all__ = [  # the manifest checks and the source types are re-exported for existing callers
     "FetchConfig",
@@ -280,10 +283,17 @@ class _Fetch:
             holders = [p for p, bits in self.holdings.items() if bits is None or any(bits)]
             if len(holders) >= MIN_SOURCES:
                 return
-            for peer in await self.more_peers():
-                if peer not in self.board.stats:
-                    self.board.add([peer])
-                    nursery.start_soon(self._watch, peer)
+            added = [p for p in await self.more_peers() if p not in self.board.stats]
+            log.info(
+                "v%d: %d of our %d peers hold it; %d more from the records",
+                self.m.version,
+                len(holders),
+                len(self.board.stats),
+                len(added),
+            )
+            for peer in added:
+                self.board.add([peer])
+                nursery.start_soon(self._watch, peer)
             self._notify()
             await trio.sleep(pause)
             pause = min(2 * pause, RECRUIT_MAX_S)
@@ -291,6 +301,7 @@ class _Fetch:
     def _failed(
         self, peer: str, reason: str, *, fatal: bool = False, unreachable: bool = False
     ) -> bool:
+        log.debug("v%d: %s failed: %s", self.m.version, peer, reason)
         return self.board.record_failure(
             peer, reason, fatal=fatal, unreachable=unreachable, now=trio.current_time()
         )

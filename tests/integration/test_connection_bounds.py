@@ -10,6 +10,9 @@ as every node stays connected to it (``docs/protocol.md``, "Bounded connections"
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,7 @@ from swarm.messages import run_id_of
 from swarm.net.connections import IDLE_PROTOCOLS, ConnectionBounds
 from swarm.shardcast import ShardStore, publish
 from swarm.shardcast.fetch import MIN_SOURCES
-from tests.netfactory import NetFactory, wait_until
+from tests.netfactory import NetFactory, WaitTimedOut, wait_until
 from tests.shardcast_util import checkpoint, seeder_store
 
 N = 30
@@ -31,6 +34,9 @@ BOUNDS = ConnectionBounds(low=8, high=12)
 HOLDERS = 4
 """Workers that hold the version before the newcomer joins, so that there are several sources."""
 VERSION_BYTES = 16_000_000
+START_ALONE_S = 75.0
+"""How long starting the 30 nodes takes here with the machine to itself (70-74 s, five runs);
+the later deadlines scale with how much longer it took (``pace``)."""
 
 
 def counts(nodes: list[Node]) -> list[int]:
@@ -41,16 +47,38 @@ def counts(nodes: list[Node]) -> list[int]:
 @pytest.mark.alone  # 30 nodes in one loop: beside the other worker, starting them took 278 s
 @pytest.mark.timeout(600)
 async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_share(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The product's 1 s heartbeat and 3 s discovery pace (the factory's 0.2 s and 1 s are for
     # small swarms): 30 nodes share this one loop. At a 1 s pace it took 145-217 s alone here
     # (four runs), at 3 s 120-135 s (three runs; a fourth beside another process, 231 s).
     started = trio.current_time()
+    # The fetches' steps, in a failure's captured log (WARNING and above otherwise).
+    for name in ("node.shardcast", "swarm.shardcast"):
+        caplog.set_level(logging.DEBUG, logger=name)
 
     def phase(name: str) -> None:
         # Printed as it happens: a failure's captured output says how far the test got.
         print(f"{trio.current_time() - started:6.1f} s  {name}", flush=True)
+
+    pace = 1.0
+    """How much slower than alone this machine runs the test (``START_ALONE_S``). The deadlines
+    bound a hang, not the speed (``bench/`` measures that): beside two busy processes the
+    start took 179-206 s, and a newcomer's fetch that takes 5 s alone took over 60."""
+
+    @contextmanager
+    def within(seconds: float, what: str, state: Callable[[], object] = str) -> Iterator[None]:
+        """``trio.fail_after(seconds * pace)``, failing with a message that names ``what``
+        and ``state()`` then (a bare ``TooSlowError`` in a CI log said nothing of which step
+        hung, or where)."""
+        limit = seconds * pace
+        try:
+            with trio.fail_after(limit):
+                yield
+        except trio.TooSlowError:
+            raise WaitTimedOut(
+                f"{what}: not done in {limit:.0f} s (pace {pace:.2f}); {state()}"
+            ) from None
 
     async with NetFactory(heartbeat=1.0, discover_every_s=3.0) as net:
         await net.bootstrap()
@@ -58,8 +86,9 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
         validator = await net.node("validator", connections=BOUNDS)
         workers = [await net.node("inference", connections=BOUNDS) for _ in range(N - 2)]
         nodes = [trainer, validator, *workers]
-        phase(f"{N} nodes started")
-        await wait_until(lambda: all(n.peers_by_role().get("trainer") for n in workers), 180)
+        pace = max(1.0, (trio.current_time() - started) / START_ALONE_S)
+        phase(f"{N} nodes started (pace {pace:.2f})")
+        await wait_until(lambda: all(n.peers_by_role().get("trainer") for n in workers), 180 * pace)
         phase("every worker knows the trainer")
 
         # Formed: the trainer (dialed by everyone) and the popular workers trimmed, and every
@@ -69,7 +98,7 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
                 BOUNDS.high
             )
 
-        await wait_until(formed, 120, poll=0.5)
+        await wait_until(formed, 120 * pace, poll=0.5)
         phase(f"formed: at most {max(counts(nodes))} connections a node")
         formed_at = [n.connections.stats.trims for n in nodes]
 
@@ -85,7 +114,7 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sample)
             await trainer.announce_policy(1, b"\x01" * 32)
-            await wait_until(lambda: all(n.policy.version == 1 for n in nodes), 60)
+            await wait_until(lambda: all(n.policy.version == 1 for n in nodes), 60 * pace)
             phase("every node heard the announcement")
             await trio.sleep(0)  # at least one sample after the last node heard it
             peaks.append(max(counts(nodes)))
@@ -130,7 +159,7 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
                 await origin.advertise(2)
                 # The trainer, at its cap, refuses new connections until it trims: the copy
                 # may take a few tries.
-                with trio.fail_after(60):
+                with within(60, "a worker's copy from the trainer"):
                     while True:
                         try:
                             await served[0].fetch(2, only=[trainer.peer_id])
@@ -152,11 +181,13 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
                 # the closest peers sat at their caps reached too few of them: in 2 of 10
                 # runs the validator did not find 2 in 60 s. Every 15 s the holders place
                 # theirs again (a node places it once; docs/RELIABILITY.md, section 5).
-                with trio.fail_after(90):
+                with within(90, f"the records naming {MIN_SOURCES} holders"):
                     asked_since = trio.current_time()
                     while True:
                         try:
-                            named = set(await validator.overlay.records.find_providers(key))
+                            named = set(
+                                await validator.overlay.records.find_providers(key, walk=True)
+                            )
                         except NetworkError:
                             named = set()
                         if len(named & holder_ids) >= MIN_SOURCES:
@@ -173,7 +204,7 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
             # come from the workers, which its sample of the run may not hold, dialed at its
             # own cap. An idle trainer served the 16 MB in 3 s, sooner than the newcomer found
             # the holders in some runs (a CI run's newcomer took all 245 shards from it).
-            await wait_until(lambda: fresh.peers_by_role().get("trainer"), 60)
+            await wait_until(lambda: fresh.peers_by_role().get("trainer"), 60 * pace)
             newcomer = await services.start(_serve, fresh, net, stores[N])
             # The holders may sit at their cap for a moment after their own copies (a
             # connection is not trimmed in its first 10 s): the newcomer tries again, as a
@@ -189,7 +220,14 @@ async def test_thirty_nodes_stay_under_the_high_water_mark_and_still_spread_and_
                         at_cap.append((round(trio.current_time() - started, 1), room(fresh)))
                     await trio.sleep(0.25)
 
-            with trio.fail_after(60):
+            def newcomer_state() -> str:
+                fetching = newcomer.progress.view() if newcomer.progress is not None else None
+                return (
+                    f"its fetch {fetching}; polled for nothing {sorted(newcomer.expendable())};"
+                    f" its room {room(fresh)}; at its cap {at_cap[-3:]}"
+                )
+
+            with within(60, "the newcomer's fetch", newcomer_state):
                 async with trio.open_nursery() as watching:
                     watching.start_soon(watch_newcomer)
                     while True:
