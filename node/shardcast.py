@@ -231,12 +231,13 @@ class ShardcastService:
         trainer_known = bool(by_role.get("trainer") or trainers)
         # ``records``: with bounded connections a node holds a sample of the run, which may
         # hold nothing of this version (a 30-node test's newcomer: none of its peers did);
-        # then the records are asked, and their holders tried first (``_sample``).
+        # then the records are asked, and their holders tried first (``_sample``), by a DHT
+        # walk when the closest peers we know name none (``DhtRecords.find_providers``).
         few = len(set(found)) < ENOUGH_PROVIDERS or not trainer_known
         if version is not None and (few or records):
             try:
                 holders = await self.node.overlay.records.find_providers(
-                    version_provider_key(self.run_id, version)
+                    version_provider_key(self.run_id, version), walk=records
                 )
                 self._holders = {v: h for v, h in self._holders.items() if v > version - 4}
                 self._holders[version] = set(holders)
@@ -327,6 +328,7 @@ class ShardcastService:
                 " check --bootstrap and that a trainer serves the version"
             )
         source = StreamShardSource(self.node)
+        log.info("fetching v%s: asking %d peers for the manifest", version or "?", len(peers))
         try:
             if manifest is None or manifest.message.version != version:
                 manifest, peers = await self._manifest_and_peers(source, version, peers, bool(only))

@@ -284,3 +284,58 @@ async def test_a_provider_lookup_does_not_wait_out_a_gone_peer(
     started = trio.current_time()
     assert await records.find_providers("ab") == ["x"]
     assert trio.current_time() - started < 0.1
+
+
+async def test_a_provider_lookup_walks_the_dht_only_when_asked_and_the_closest_we_know_name_none(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A newcomer's routing table is a sample of a run with bounded connections: the closest
+    peers it knows may not be those the providers placed their records at."""
+    from swarm.net.dht_records import _ASK_WALKED, DhtRecords
+
+    far = [f"far-{i}" for i in range(12)]
+    store = _ProviderStore({"near": (0.01, []), "me": (0.0, []), **{p: (0.01, []) for p in far}})
+    store.answers["far-3"] = (0.01, ["holder"])
+    walks: list[bytes] = []
+
+    async def walk(raw: bytes) -> list[str]:
+        walks.append(raw)
+        return ["me", "near", *far]
+
+    dht = SimpleNamespace(
+        provider_store=store,
+        routing_table=SimpleNamespace(find_local_closest_peers=lambda raw, n: ["near", "me"]),
+        peer_routing=SimpleNamespace(find_closest_peers_network=walk),
+    )
+    records = DhtRecords(SimpleNamespace(get_id=lambda: "me"), dht, lambda: NOW_MS, lambda p: False)
+    assert await records.find_providers("ab") == []  # not asked to walk: no walk
+    assert walks == []
+    assert await records.find_providers("ab", walk=True) == ["holder"]
+    assert walks == [b"\xab"]
+    # Found among the closest we know: no walk.
+    store.answers["near"] = (0.01, ["other"])
+    assert await records.find_providers("ab", walk=True) == ["other"]
+    assert len(walks) == 1
+    # The walk's peers past ``_ASK_WALKED`` (and the ones asked already) are not asked.
+    store.answers["near"] = (0.01, [])
+    store.answers["far-3"] = (0.01, [])
+    store.answers[far[_ASK_WALKED]] = (0.01, ["too-far"])
+    assert await records.find_providers("ab", walk=True) == []
+    # A failed walk is no lookup error: nothing found.
+
+    async def broken(raw: bytes) -> list[str]:
+        raise RuntimeError("no peers")
+
+    dht.peer_routing.find_closest_peers_network = broken
+    assert await records.find_providers("ab", walk=True) == []
+
+    async def hangs(raw: bytes) -> list[str]:
+        await trio.sleep_forever()
+        raise AssertionError
+
+    from swarm.net.dht_records import _WALK_TIMEOUT_S
+
+    dht.peer_routing.find_closest_peers_network = hangs
+    started = trio.current_time()
+    assert await records.find_providers("ab", walk=True) == []
+    assert trio.current_time() - started < _WALK_TIMEOUT_S + 1  # the local asks, the walk

@@ -21,7 +21,7 @@ class _Records:
         self.node: _Node | None = None
         self.spare_while_asked: list[set[str]] = []
 
-    async def find_providers(self, key: bytes) -> list[str]:
+    async def find_providers(self, key: bytes, *, walk: bool = False) -> list[str]:
         # What the lookup's own dials (a DHT walk at our cap) may push out meanwhile.
         assert self.node is not None and self.node.service is not None
         self.spare_while_asked.append(set(self.node.service.expendable()))
