@@ -111,8 +111,6 @@ class Membership:
         """``withdraw()`` was called: our advert is no longer refreshed."""
         self._missed: dict[str, float] = {}
         """Providers whose advert a lookup did not find, and when (see ``discover``)."""
-        self._walks: dict[str, float] = {}
-        """Role -> when ``discover`` may next walk the DHT for its providers."""
 
     def make_advert(self, ttl_s: float | None = None) -> Signed[RoleAdvert]:
         """Our advert, valid ``ttl_s`` (default: the configured lifetime)."""
@@ -214,11 +212,7 @@ class Membership:
             # table knows name no provider. With bounded connections a table is a sample of
             # the run, and the trainer's record sits at the peers that were closest when it
             # placed it (``DhtRecords.find_providers``).
-            # At most once a ``WALK_EVERY_S`` a role: a run whose genesis names a validator
-            # that never comes would have every node walk every round.
-            walk = role in GENESIS_ROLES and not count and now >= self._walks.get(role, now)
-            if walk:
-                self._walks[role] = now + WALK_EVERY_S
+            walk = role in GENESIS_ROLES and not count
             for peer in await self.overlay.records.find_providers(
                 role_provider_key(self.run_id, role), walk=walk
             ):
@@ -425,8 +419,6 @@ GENESIS_ROLES = ("trainer", "validator")
 MISS_RETRY_S = 60.0
 """A provider whose advert was not found is looked up again after this long at the earliest
 (sooner once we are connected to it: then it is asked directly)."""
-WALK_EVERY_S = 60.0
-"""How often discovery may walk the DHT for a trainer or validator it knows none of."""
 
 
 def hurry(before: Mapping[str, int], after: Mapping[str, int], enough: int = ENOUGH_PEERS) -> bool:

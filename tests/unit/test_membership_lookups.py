@@ -221,33 +221,21 @@ def test_each_role_slows_on_its_own_pace_and_a_settled_one_to_32x() -> None:
 
 
 def test_only_a_genesis_role_of_which_we_know_nobody_is_looked_up_by_a_walk() -> None:
-    from swarm.net.membership import WALK_EVERY_S
-
     trainer, worker = NodeKey.generate(), NodeKey.generate()
     overlay = FakeOverlay([worker.peer_id], set(), {worker.peer_id: advert(worker)})
     overlay.trainers = [trainer.peer_id]
     m = membership(overlay)
-    trainers, validators = role_provider_key(RUN, "trainer"), role_provider_key(RUN, "validator")
-
-    async def main() -> None:
-        await m.discover()
-        assert overlay.walked == [trainers, validators]  # none of either known
-        await trio.sleep(WALK_EVERY_S / 2)
-        await m.discover()  # still none, but walked a moment ago
-        assert overlay.walked == [trainers, validators]
-        overlay.adverts[trainer.peer_id] = advert(trainer, "trainer")
-        await trio.sleep(WALK_EVERY_S / 2)
-        overlay.walked.clear()
-        await m.discover()  # both due again: the walk (here, the lookup) finds the trainer
-        assert overlay.walked == [trainers, validators]
-        assert m.peers_by_role()["trainer"] == [trainer.peer_id]
-        m._fresh = lambda peer: False  # type: ignore[method-assign]
-        await trio.sleep(WALK_EVERY_S)
-        overlay.walked.clear()
-        await m.discover()  # the trainer is known: asked again, without a walk
-        assert overlay.walked == [validators]
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    trio.run(m.discover)
+    key = role_provider_key(RUN, "trainer")
+    assert overlay.walked == [key, role_provider_key(RUN, "validator")]  # none of either known
+    overlay.adverts[trainer.peer_id] = advert(trainer, "trainer")
+    overlay.walked.clear()
+    trio.run(m.discover)
+    assert m.peers_by_role()["trainer"] == [trainer.peer_id]
+    m._fresh = lambda peer: False  # type: ignore[method-assign]
+    overlay.walked.clear()
+    trio.run(m.discover)  # the trainer is known: asked again, without a walk
+    assert overlay.walked == [role_provider_key(RUN, "validator")]
 
 
 def test_a_node_with_a_low_mark_of_8_stops_hurrying_at_8_peers() -> None:
