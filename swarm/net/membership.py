@@ -11,8 +11,7 @@ runs every ``discover_every_s`` (3 s), each role on its own pace: a role's looku
 validator, the genesis names known with a fresh advert) or, for an open role, at once.
 One more peer of a role we know ``enough_peers`` of does not bring the base pace back
 (``hurry``).
-Lookups go the other way: providers of a role's key (by a DHT walk for a trainer or validator
-while we know none and the closest peers we know name none), then each provider's advert, checked
+Lookups go the other way: providers of a role's key, then each provider's advert, checked
 again here (signed by the peer it describes, unexpired, the role it was found under, and for
 trainers and validators named by the genesis), because provider records are unsigned and
 anyone may claim to provide any key.
@@ -206,15 +205,9 @@ class Membership:
         now = trio.current_time()
         self._missed = {p: t for p, t in self._missed.items() if now - t < MISS_RETRY_S}
         for role in roles:
-            count = self._role_counts()[role]
-            enough = count >= self.config.enough_peers
-            # A genesis role of which we know nobody: a DHT walk when the closest peers our
-            # table knows name no provider. With bounded connections a table is a sample of
-            # the run, and the trainer's record sits at the peers that were closest when it
-            # placed it (``DhtRecords.find_providers``).
-            walk = role in GENESIS_ROLES and not count
+            enough = self._role_counts()[role] >= self.config.enough_peers
             for peer in await self.overlay.records.find_providers(
-                role_provider_key(self.run_id, role), walk=walk
+                role_provider_key(self.run_id, role)
             ):
                 if peer == self.key.peer_id or self._fresh(peer):
                     continue

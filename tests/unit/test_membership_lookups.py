@@ -51,17 +51,13 @@ class FakeOverlay:
     adverts: dict[str, Signed[RoleAdvert]]
     trainers: list[str] = field(default_factory=list)
     asked: list[str] = field(default_factory=list)
-    walked: list[str] = field(default_factory=list)
-    """The keys looked up with ``walk=True``."""
     config: Any = field(default_factory=lambda: SimpleNamespace(clock=lambda: NOW_MS))
 
     @property
     def records(self) -> FakeOverlay:  # the DhtRecords half of the overlay, faked here too
         return self
 
-    async def find_providers(self, key: str, *, walk: bool = False) -> list[str]:
-        if walk:
-            self.walked.append(key)
+    async def find_providers(self, key: str) -> list[str]:
         if key == role_provider_key(RUN, "trainer"):
             return self.trainers
         return self.providers if key == role_provider_key(RUN, "inference") else []
@@ -218,24 +214,6 @@ def test_each_role_slows_on_its_own_pace_and_a_settled_one_to_32x() -> None:
             assert all(g <= base * 2**3 for g in gaps("trainer", stale_at))
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-
-
-def test_only_a_genesis_role_of_which_we_know_nobody_is_looked_up_by_a_walk() -> None:
-    trainer, worker = NodeKey.generate(), NodeKey.generate()
-    overlay = FakeOverlay([worker.peer_id], set(), {worker.peer_id: advert(worker)})
-    overlay.trainers = [trainer.peer_id]
-    m = membership(overlay)
-    trio.run(m.discover)
-    key = role_provider_key(RUN, "trainer")
-    assert overlay.walked == [key, role_provider_key(RUN, "validator")]  # none of either known
-    overlay.adverts[trainer.peer_id] = advert(trainer, "trainer")
-    overlay.walked.clear()
-    trio.run(m.discover)
-    assert m.peers_by_role()["trainer"] == [trainer.peer_id]
-    m._fresh = lambda peer: False  # type: ignore[method-assign]
-    overlay.walked.clear()
-    trio.run(m.discover)  # the trainer is known: asked again, without a walk
-    assert overlay.walked == [role_provider_key(RUN, "validator")]
 
 
 def test_a_node_with_a_low_mark_of_8_stops_hurrying_at_8_peers() -> None:
