@@ -328,7 +328,11 @@ class ShardcastService:
                 " check --bootstrap and that a trainer serves the version"
             )
         source = StreamShardSource(self.node)
-        log.info("fetching v%s: asking %d peers for the manifest", version or "?", len(peers))
+        log.info(
+            "fetching v%s: asking %d peers for the manifest",
+            "?" if version is None else version,
+            len(peers),
+        )
         try:
             if manifest is None or manifest.message.version != version:
                 manifest, peers = await self._manifest_and_peers(source, version, peers, bool(only))
