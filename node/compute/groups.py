@@ -31,6 +31,12 @@ class Group:
     version: int
     text: str = ""
 
+    @property
+    def signal(self) -> bool:
+        """Whether GRPO learns from the group: two or more rewards, not all equal (the
+        advantages of equal rewards are all 0)."""
+        return len(self.rewards) > 1 and max(self.rewards) != min(self.rewards)
+
     def to_wire(self) -> list[Any]:
         wire: list[Any] = [self.prompt, self.completions, self.rewards, self.version]
         return [*wire, self.text] if self.text else wire

@@ -200,7 +200,7 @@ class GRPOTrainer:
         optimizer steps when the group as a whole had samples."""
         cfg = self.config
         rewards = [r for g in groups for r in g.rewards]
-        kept = [g for g in groups if len(g.rewards) > 1 and max(g.rewards) != min(g.rewards)]
+        kept = [g for g in groups if g.signal]
         stats: dict[str, float] = {"loss": 0.0, "grad_norm": 0.0, "clip": 0.0, "entropy": 0.0}
         samples = sum(len(g.completions) for g in kept)
         tokens = 0

@@ -113,7 +113,7 @@ with a ``training-dispute`` (tests/integration/test_training_audit.py):
 class TrainerCheat:
     """Which cheat a rogue trainer applies at which step (keyed by the version stepped from;
     ``always``: at every step; ``first``: on the first ``count`` steps that train samples of
-    its own, ``picked`` keeping which)."""
+    its own with signal, ``picked`` keeping which)."""
 
     plan: dict[int, str] = dataclasses.field(default_factory=dict)
     always: str | None = None
@@ -125,8 +125,10 @@ class TrainerCheat:
         return self.plan.get(step, self.always)
 
     def pick(self, step: int, samples: int) -> str | None:
-        """The cheat of ``step``, training ``samples`` samples of this trainer. A step picked
-        once stays picked (a round tried again cheats again)."""
+        """The cheat of ``step``, training ``samples`` groups of this trainer with signal
+        (``Group.signal``: a group whose rewards are all equal gives no gradient, and its
+        commitment counts no samples, so a cheat there tests nothing). A step picked once stays
+        picked (a round tried again cheats again)."""
         if self.first is not None and (
             step in self.picked or (samples > 0 and len(self.picked) < self.count)
         ):

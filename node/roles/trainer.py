@@ -371,7 +371,9 @@ class Trainer:
             step, self.params.submissions_per_step, min_version, skip_worker=self._skip_at(step)
         )
         groups = [g for _, gs in batch for g in gs]
-        cheat = self.cheat.pick(step, len(groups)) if self.cheat is not None else None
+        cheat = (
+            self.cheat.pick(step, sum(g.signal for g in groups)) if self.cheat is not None else None
+        )
         cited = self.queue.cited_by(step)
         if cheat == "unaccepted-sample" and groups:
             # One more group, with rewards no validator gave, cited by a verdict nobody signed.

@@ -372,7 +372,7 @@ class GroupRounds:
         step = t.version
         batch = t.queue.take(step, share, min_version)
         groups = [g for _, gs in batch for g in gs]
-        cheat = t.cheat.pick(step, len(groups)) if t.cheat is not None else None
+        cheat = t.cheat.pick(step, sum(g.signal for g in groups)) if t.cheat is not None else None
         seed = train_seed(t.node.run_id, step + 1)
         cited = t.queue.cited_by(step)
         out = await trio.to_thread.run_sync(

@@ -1,16 +1,19 @@
 """Two trainers averaging, checked: a real swarm on 127.0.0.1 (a bootstrap peer, two genesis
 trainers averaging through hivemind, a validator that audits every version, two workers).
 
-Trainer B forges its gradient on the first two rounds in which it has samples of its own (the
-negated gradient of its samples, committed and sent as its own). Which trainer a sample goes to
-is a rendezvous draw on its submission, and a round starts when either trainer has its share,
-so B often has none in a round: forged rounds picked by number carried no samples in two CI
-runs (of ``bd727e8``, with two such rounds, and of ``45588ba``, with three). Every round's
-record carries both members' signed gradient commitments; ``audit --training`` from the swarm
-alone replays the averaging from the committed gradients and every member's gradient from its
-samples: a round where B's forged gradient carried samples is ``member-mismatch``, an honest
-averaged round agrees. The validator, which replays one member per round (its draw picks it),
-never disputes an honest round.
+Trainer B forges its gradient on the first two rounds in which it has samples of its own with
+signal (the negated gradient of its samples, committed and sent as its own). Which trainer a
+sample goes to is a rendezvous draw on its submission, and a round starts when either trainer
+has its share, so B often has none in a round: forged rounds picked by number carried no
+samples in two CI runs (of ``bd727e8``, with two such rounds, and of ``45588ba``, with three).
+Picks counted by groups alone were spent, in 2 of 3 CI runs (of ``0900199`` and ``c2d77c7``),
+on rounds whose groups all had equal rewards: no gradient, and a commitment of no samples.
+
+Every round's record carries both members' signed gradient commitments; ``audit --training``
+from the swarm alone replays the averaging from the committed gradients and every member's
+gradient from its samples: a round where B's forged gradient carried samples is
+``member-mismatch``, an honest averaged round agrees. The validator, which replays one member
+per round (its draw picks it), never disputes an honest round.
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ PARAMS = RunParams(
 )
 VERSIONS = 5
 FORGED = 2
-"""Trainer B forges its gradient on the first two rounds in which it has samples of its own
-(``forge-gradient*2``); its other rounds are honest."""
+"""Trainer B forges its gradient on the first two rounds in which it has samples of its own with
+signal (``forge-gradient*2``); its other rounds are honest."""
 
 
 @pytest.mark.slow

@@ -236,6 +236,10 @@ def test_the_rogue_trainers_plan_parses_or_fails_in_one_line() -> None:
     picks = [first.pick(s, n) for s, n in ((0, 0), (1, 3), (2, 0), (1, 0), (3, 1), (4, 5))]
     assert picks == [None, "forge-gradient", None, "forge-gradient", "forge-gradient", None]
     assert first.picked == {1, 3}
+    # What counts is groups with signal: equal rewards give no gradient, and a commitment of
+    # no samples (the group audit's forged rounds once carried none: docs/RELIABILITY.md).
+    flat, mixed = Group([], [[1], [2]], [1.0, 1.0], 0), Group([], [[1], [2]], [0.0, 1.0], 0)
+    assert [g.signal for g in (flat, mixed, Group([], [[1]], [1.0], 0))] == [False, True, False]
 
 
 def test_a_record_whose_numbers_are_not_the_genesis_is_wrong_params(tmp_path: Path) -> None:
