@@ -37,7 +37,7 @@ from node.runtime import Node
 from node.shardcast import ShardcastService, channel_host
 from node.version_chain import VersionChain
 from swarm.errors import PeerError, SwarmError, ValidationError
-from swarm.messages import PolicyAnnouncement, ShardManifest, Signed
+from swarm.messages import Fields, PolicyAnnouncement, ShardManifest, Signed
 from swarm.net import StreamLimits
 from swarm.net.names import POLICY
 from swarm.shardcast import (
@@ -49,6 +49,7 @@ from swarm.shardcast import (
 from swarm.shardcast.datachannel import DataChannelConfig
 from swarm.shardcast.fetch import ProgressCallback
 from swarm.shardcast.publish import publish_version
+from swarm.wire import canonical, decode_canonical
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,15 @@ class PolicyFeed:
             await self._catch_up()
 
     async def _on_policy(self, peer: str, body: bytes) -> bytes:
+        """The newest announcement held here; a request naming a version (``{"version": N}``)
+        gets the one accepted for it."""
+        if body:
+            version = Fields("policy-request", decode_canonical(body, POLICY_LIMITS.max_request))
+            wanted = version.integer("version", minimum=0)
+            held = self.node.policy.accepted.get(wanted)
+            if held is None:
+                raise PeerError(f"no announcement of policy v{wanted} held here")
+            return held.raw
         newest = self.node.policy.newest
         if newest is None:
             raise PeerError("no policy announcement known here yet")
@@ -166,6 +176,43 @@ class PolicyFeed:
                     if peer != self.node.peer_id:
                         nursery.start_soon(ask, peer, scope)
         return learnt
+
+    async def announcement_of(
+        self, version: int, peers: Sequence[str] = (), timeout: float = 5.0
+    ) -> Signed[PolicyAnnouncement] | None:
+        """The announcement accepted for ``version``, asked of ``peers``, the trainers and a
+        few others at once when gossip never brought it (kept in ``policy.accepted``, checked
+        like gossip but for being the newest: ``PolicyGate.check_past``); None when nobody
+        answered with it within ``timeout``. A validator that missed one announcement (its
+        gossip lost while v+1's arrived) could not audit that version: the weights are fetched
+        by the announcement, which binds the manifest (tests/integration/test_role_healing.py,
+        docs/RELIABILITY.md)."""
+        held = self.node.policy.accepted.get(version)
+        if held is not None or self.node.policy.newest is None:
+            return held
+        body = canonical({"version": version})
+        found: list[Signed[PolicyAnnouncement]] = []
+
+        async def ask(peer: str, cancel: trio.CancelScope) -> None:
+            try:
+                raw = await self.node.request(peer, POLICY, body, POLICY_LIMITS)
+                found.append(self.node.policy_gate.check_past(raw, version))
+            except SwarmError as exc:
+                log.debug("v%d's announcement not had from %s: %s", version, peer[-8:], exc)
+                return
+            cancel.cancel()
+
+        trainers = self.node.peers_by_role().get("trainer", [])
+        with trio.move_on_after(timeout) as scope:
+            async with trio.open_nursery() as nursery:
+                for peer in dict.fromkeys([*peers, *trainers, *self._some_peers(3)]):
+                    if peer != self.node.peer_id:
+                        nursery.start_soon(ask, peer, scope)
+        if not found:
+            return None
+        self.node.policy.remember(found[0])
+        log.info("policy v%d's announcement asked for and accepted", version)
+        return self.node.policy.accepted.get(version, found[0])
 
     def manifest_id(self, version: int) -> bytes | None:
         """The manifest id of ``version`` when known here: from its accepted announcement (the

@@ -329,13 +329,14 @@ async def launch(
 
 def held_weights(node: Node, feed: PolicyFeed) -> Callable[[int], Awaitable[Path | None]]:
     """``weights(version)``: the path of a version held here, else fetched by its accepted
-    announcement (at most ``HOLD_TIMEOUT_S``); None when neither works."""
+    announcement (asked of peers when gossip never brought it; at most ``HOLD_TIMEOUT_S``);
+    None when neither works."""
 
     async def weights(version: int) -> Path | None:
         path = feed.path_of(version)
         if path is not None:
             return path
-        announcement = node.policy.accepted.get(version)
+        announcement = await feed.announcement_of(version)
         if announcement is None:
             return None
         with trio.move_on_after(HOLD_TIMEOUT_S):

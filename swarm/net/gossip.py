@@ -191,6 +191,21 @@ class PolicyTracker:
                 log.exception("policy listener failed")
         return True
 
+    def remember(self, signed: Signed[PolicyAnnouncement]) -> bool:
+        """Keep the announcement of a version older than the newest that gossip never brought
+        (asked for by number; ``PolicyGate.check_past``) in ``accepted``, the newest and its
+        listeners untouched; ``True`` when it was kept (not already held, not newer)."""
+        version = signed.message.version
+        if self.newest is None or version >= self.newest.message.version:
+            return False
+        if version in self.accepted:
+            return False
+        self.accepted[version] = signed
+        ordered = sorted(self.accepted.items())  # in place: views hold this very dict
+        self.accepted.clear()
+        self.accepted.update(ordered[-MANIFESTS_KEPT:])
+        return version in self.accepted
+
     def on_change(self, listener: Callable[[Signed[PolicyAnnouncement]], None]) -> None:
         self._listeners.append(listener)
 
@@ -244,6 +259,26 @@ class PolicyGate:
 
     def check(self, data: bytes) -> Signed[PolicyAnnouncement]:
         """Decode and check one message without counting or keeping it; raise ``Refused``."""
+        signed = self._signed(data)
+        if signed.id in self._seen:
+            raise Refused("duplicate", "announcement seen before")
+        self._no_conflict(signed)
+        newest = self.tracker.version
+        if newest is not None and signed.message.version <= newest:
+            raise Refused("stale", f"version {signed.message.version} is not newer than {newest}")
+        return signed
+
+    def check_past(self, data: bytes, version: int) -> Signed[PolicyAnnouncement]:
+        """An announcement of ``version`` asked for by number (``PolicyFeed.announcement_of``:
+        one whose gossip never reached us), checked like gossip but for being the newest;
+        ``Refused`` (``stale``) when it is of another version."""
+        signed = self._signed(data)
+        if signed.message.version != version:
+            raise Refused("stale", f"asked for version {version}, got {signed.message.version}")
+        self._no_conflict(signed)
+        return signed
+
+    def _signed(self, data: bytes) -> Signed[PolicyAnnouncement]:
         _check_size(data, POLICY_MAX_BYTES)
         try:
             signed = decode(data, PolicyAnnouncement)
@@ -253,8 +288,9 @@ class PolicyGate:
             raise Refused("not-authorized", f"{signed.signer} is not a genesis trainer")
         if signed.message.run_id != self.run_id:
             raise Refused("wrong-run", f"announcement of run {signed.message.run_id[:40]!r}")
-        if signed.id in self._seen:
-            raise Refused("duplicate", "announcement seen before")
+        return signed
+
+    def _no_conflict(self, signed: Signed[PolicyAnnouncement]) -> None:
         conflict = self.tracker.conflicting(signed)
         if conflict is not None:
             raise Refused(
@@ -262,10 +298,6 @@ class PolicyGate:
                 f"version {conflict.version} has manifest"
                 f" {conflict.accepted.message.manifest_id.hex()[:16]} already",
             )
-        newest = self.tracker.version
-        if newest is not None and signed.message.version <= newest:
-            raise Refused("stale", f"version {signed.message.version} is not newer than {newest}")
-        return signed
 
     def accept(self, data: bytes) -> Signed[PolicyAnnouncement] | None:
         """Check, count, and keep; ``None`` when refused."""
