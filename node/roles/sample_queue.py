@@ -179,10 +179,14 @@ class SampleQueue:
         cur = self._db.execute("UPDATE accepted SET step = NULL WHERE step = ?", (step,))
         return cur.rowcount
 
-    def first_worker(self) -> str:
-        """The worker of the oldest queued submission (tests: a rogue trainer's target)."""
+    def first_worker(self, min_version: int = 0) -> str:
+        """The worker of the oldest submission waiting, made by ``min_version`` or newer: the
+        one an honest trainer takes first (tests: a rogue trainer's target, so that leaving
+        it out passes over older work, which its receipts show)."""
         row = self._db.execute(
-            "SELECT worker FROM accepted WHERE worker != '' ORDER BY seq LIMIT 1"
+            "SELECT worker FROM accepted WHERE worker != '' AND step IS NULL AND version >= ?"
+            " ORDER BY seq LIMIT 1",
+            (min_version,),
         ).fetchone()
         return "" if row is None else str(row[0])
 

@@ -347,12 +347,12 @@ class Trainer:
                 await self.group.step(min_version)
                 continue
             idle_from = time.perf_counter()
-            skip = self._skip_at(self.version)
+            skip = self._skip_at(self.version, min_version)
             while (
                 self.queue.pending(min_version, skip_worker=skip) < self.params.submissions_per_step
             ):
                 await self.arrived()
-                skip = self._skip_at(self.version)
+                skip = self._skip_at(self.version, min_version)
             self.stats.idle_seconds += time.perf_counter() - idle_from
             busy_from = time.perf_counter()
             await self.step(min_version)
@@ -368,7 +368,10 @@ class Trainer:
         child = self.child_or_fail()
         step = self.version
         batch = self.queue.take(
-            step, self.params.submissions_per_step, min_version, skip_worker=self._skip_at(step)
+            step,
+            self.params.submissions_per_step,
+            min_version,
+            skip_worker=self._skip_at(step, min_version),
         )
         groups = [g for _, gs in batch for g in gs]
         cheat = (
@@ -412,13 +415,16 @@ class Trainer:
         await self.publish(self.version)
         return stats
 
-    def _skip_at(self, step: int) -> str:
-        """Tests only (``drop-worker``): the worker a rogue trainer leaves out of ``step`` (the
-        first seen; it waits for others' work instead), or ""."""
+    def _skip_at(self, step: int, min_version: int) -> str:
+        """Tests only (``drop-worker``): the worker a rogue trainer leaves out of ``step``, or
+        "". It is the worker of the oldest work waiting in the window when the first such step
+        begins (kept for the later ones), and the trainer waits for others' work instead. The
+        worker of the run's first submission, as before, may have had nothing older waiting
+        than the work trained instead, which left no skip to find (the CI of ``dc5be45``)."""
         if self.cheat is None or self.cheat.at(step) != "drop-worker":
             return ""
         if not self._dropped:
-            self._dropped = self.queue.first_worker()
+            self._dropped = self.queue.first_worker(min_version)
         return self._dropped
 
     def retain(self) -> None:

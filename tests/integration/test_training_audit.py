@@ -29,6 +29,7 @@ from node.roles.launch import RoleHandle, launch
 from node.run import create_genesis
 from node.runtime import Node
 from swarm.errors import ConfigError
+from swarm.ledger.training import TrainingStore
 from swarm.messages import RunParams
 from tests.netfactory import LOOPBACK, key_named, loopback_config, wait_until
 
@@ -134,9 +135,12 @@ async def test_training_audits_agree_with_honest_steps_and_dispute_each_cheat(
             reasons = {d["reason"] for d in store.disputes()}
             assert set(expected.values()) <= reasons, store.disputes()
             # The left-out worker's work shows in the receipts: a later sample trained first.
-            await wait_until(
-                lambda: any(d["reason"] == "skipped-sample" for d in store.disputes()), 60
-            )
+            try:
+                await wait_until(
+                    lambda: any(d["reason"] == "skipped-sample" for d in store.disputes()), 60
+                )
+            except trio.TooSlowError:
+                raise AssertionError(f"no skipped-sample dispute: {_queue_view(store)}") from None
             skipped = [d for d in store.disputes() if d["reason"] == "skipped-sample"]
             assert all(d["version"] in (5, 6) for d in skipped), skipped
             # Every node keeps the disputes: the trainer's own store got them by gossip.
@@ -167,6 +171,27 @@ async def test_training_audits_agree_with_honest_steps_and_dispute_each_cheat(
         except BaseException:
             traceback.print_exc()
             raise
+
+
+def _queue_view(store: TrainingStore) -> dict[str, object]:
+    """What the skip check saw: the validator's receipts (worker, seq, sample version) and
+    each record's window and the seqs it cited."""
+    receipts = store.receipts()
+    seq = {x.message.verdict_id: (x.message.worker[-6:], x.message.seq) for x in receipts}
+    return {
+        "receipts": [
+            (x.message.worker[-6:], x.message.seq, x.message.sample_version, x.message.queued)
+            for x in receipts
+        ],
+        "records": {
+            r.message.version: (
+                r.message.min_version,
+                r.message.parent,
+                [seq.get(v, "?") for v in r.message.verdicts],
+            )
+            for r in store.records()
+        },
+    }
 
 
 def test_versions_lists_are_parsed_or_refused_in_one_line() -> None:

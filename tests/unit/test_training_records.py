@@ -153,6 +153,12 @@ def test_queue_places_never_repeat_after_a_prune(tmp_path: Path) -> None:
     queue.put(b"\x09" * 32, 5, [group], verdict_id=b"\x59" * 32, worker="w")
     assert queue.seq_of(b"\x09" * 32) == 4
     assert queue.first_worker() == "w"
+    # The rogue trainer's drop-worker target: the oldest work waiting in the window, not the
+    # run's first worker (whose work was trained, or left the window).
+    queue.put(b"\x0a" * 32, 3, [group], verdict_id=b"\x5a" * 32, worker="w-old")
+    queue.put(b"\x0b" * 32, 6, [group], verdict_id=b"\x5b" * 32, worker="w-new")
+    queue.take(5, 1, 0)  # w's, the oldest, is trained
+    assert queue.first_worker() == "w-old" and queue.first_worker(4) == "w-new"
     queue.close()
     # A queue from before receipts (no verdict or worker columns) opens and gains them.
     import sqlite3
