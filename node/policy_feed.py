@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import random
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -156,26 +156,13 @@ class PolicyFeed:
         trainer is asked first and, serving a new version to every node, it may not answer
         within ``timeout``; asked in turn, it used up the whole budget (12 of 100 nodes never
         learnt a version in 90 s; docs/BENCHMARKS.md, Scale)."""
-        learnt = False
 
-        async def ask(peer: str, cancel: trio.CancelScope) -> None:
-            nonlocal learnt
-            try:
-                raw = await self.node.request(peer, POLICY, b"", POLICY_LIMITS)
-                signed = self.node.policy_gate.check(raw)
-            except SwarmError:
-                return  # stale or duplicate: the usual answer, not worth a log line
+        def take(raw: bytes, peer: str) -> None:
+            signed = self.node.policy_gate.check(raw)
             self.node.policy_gate.keep(signed)
             log.info("policy v%d learnt from %s", signed.message.version, peer[-8:])
-            learnt = True
-            cancel.cancel()
 
-        with trio.move_on_after(timeout) as scope:
-            async with trio.open_nursery() as nursery:
-                for peer in dict.fromkeys(peers):
-                    if peer != self.node.peer_id:
-                        nursery.start_soon(ask, peer, scope)
-        return learnt
+        return await self._first_answer(peers, b"", take, timeout)
 
     async def announcement_of(
         self, version: int, peers: Sequence[str] = (), timeout: float = 5.0
@@ -190,29 +177,46 @@ class PolicyFeed:
         held = self.node.policy.accepted.get(version)
         if held is not None or self.node.policy.newest is None:
             return held
-        body = canonical({"version": version})
-        found: list[Signed[PolicyAnnouncement]] = []
 
-        async def ask(peer: str, cancel: trio.CancelScope) -> None:
-            try:
-                raw = await self.node.request(peer, POLICY, body, POLICY_LIMITS)
-                found.append(self.node.policy_gate.check_past(raw, version))
-            except SwarmError as exc:
-                log.debug("v%d's announcement not had from %s: %s", version, peer[-8:], exc)
-                return
-            cancel.cancel()
+        def take(raw: bytes, peer: str) -> None:
+            self.node.policy.remember(self.node.policy_gate.check_past(raw, version))
+            log.info("policy v%d's announcement asked for and had from %s", version, peer[-8:])
 
         trainers = self.node.peers_by_role().get("trainer", [])
+        asked = [*peers, *trainers, *self._some_peers(3)]
+        await self._first_answer(asked, canonical({"version": version}), take, timeout)
+        return self.node.policy.accepted.get(version)
+
+    async def _first_answer(
+        self,
+        peers: Sequence[str],
+        body: bytes,
+        take: Callable[[bytes, str], None],
+        timeout: float,
+    ) -> bool:
+        """Ask ``peers`` at once with ``body``; ``take(answer, peer)`` checks and keeps an
+        answer (raising ``SwarmError`` for one refused), with no await between the two. The
+        first answer taken cancels the other asks: ``True``; ``False`` when none was taken
+        within ``timeout``. A refusal is the usual answer (stale, duplicate, none held): a
+        debug line."""
+        taken = False
+
+        async def ask(peer: str, cancel: trio.CancelScope) -> None:
+            nonlocal taken
+            try:
+                take(await self.node.request(peer, POLICY, body, POLICY_LIMITS), peer)
+            except SwarmError as exc:
+                log.debug("policy answer of %s not taken: %s", peer[-8:], exc)
+                return
+            taken = True
+            cancel.cancel()
+
         with trio.move_on_after(timeout) as scope:
             async with trio.open_nursery() as nursery:
-                for peer in dict.fromkeys([*peers, *trainers, *self._some_peers(3)]):
+                for peer in dict.fromkeys(peers):
                     if peer != self.node.peer_id:
                         nursery.start_soon(ask, peer, scope)
-        if not found:
-            return None
-        self.node.policy.remember(found[0])
-        log.info("policy v%d's announcement asked for and accepted", version)
-        return self.node.policy.accepted.get(version, found[0])
+        return taken
 
     def manifest_id(self, version: int) -> bytes | None:
         """The manifest id of ``version`` when known here: from its accepted announcement (the
