@@ -104,8 +104,8 @@ class PolicyFeed:
         """The newest announcement held here; a request naming a version (``{"version": N}``)
         gets the one accepted for it."""
         if body:
-            version = Fields("policy-request", decode_canonical(body, POLICY_LIMITS.max_request))
-            wanted = version.integer("version", minimum=0)
+            request = Fields("policy-request", decode_canonical(body, POLICY_LIMITS.max_request))
+            wanted = request.integer("version", minimum=0)
             held = self.node.policy.accepted.get(wanted)
             if held is None:
                 raise PeerError(f"no announcement of policy v{wanted} held here")

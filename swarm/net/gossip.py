@@ -191,20 +191,21 @@ class PolicyTracker:
                 log.exception("policy listener failed")
         return True
 
-    def remember(self, signed: Signed[PolicyAnnouncement]) -> bool:
+    def remember(self, signed: Signed[PolicyAnnouncement]) -> None:
         """Keep the announcement of a version older than the newest that gossip never brought
         (asked for by number; ``PolicyGate.check_past``) in ``accepted``, the newest and its
-        listeners untouched; ``True`` when it was kept (not already held, not newer)."""
+        listeners untouched; one already held, or not older, is left as it is."""
         version = signed.message.version
-        if self.newest is None or version >= self.newest.message.version:
-            return False
-        if version in self.accepted:
-            return False
+        if (
+            self.newest is None
+            or version >= self.newest.message.version
+            or version in self.accepted
+        ):
+            return
         self.accepted[version] = signed
         ordered = sorted(self.accepted.items())  # in place: views hold this very dict
         self.accepted.clear()
         self.accepted.update(ordered[-MANIFESTS_KEPT:])
-        return version in self.accepted
 
     def on_change(self, listener: Callable[[Signed[PolicyAnnouncement]], None]) -> None:
         self._listeners.append(listener)
